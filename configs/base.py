@@ -1,0 +1,77 @@
+"""Shared defaults for every experiment config: the paper's values (SEAL_METHOD.md section 6).
+
+Experiment files (`configs/<name>.py`) call `base_config()` and override what differs.
+"""
+
+import ml_collections
+
+
+def base_config() -> ml_collections.ConfigDict:
+    """Returns the full default config tree; every tunable of the project lives here."""
+    c = ml_collections.ConfigDict()
+    c.seed = 0
+
+    c.model = ml_collections.ConfigDict()
+    c.model.path = ""  # local Hugging Face directory (config.json, *.safetensors, tokenizer files)
+    c.model.param_dtype = "float32"  # float32 | bfloat16: dtype the parameters are stored in
+    c.model.compute_dtype = "bfloat16"  # float32 | bfloat16: dtype of matmuls and activations
+    c.model.remat = True  # rematerialise each decoder layer in the backward pass
+    c.model.logprob_chunk = 512  # sequence chunk for log-probs (never a full [B, T, V] fp32 array)
+
+    # Device mesh: axis sizes; -1 takes the remaining devices. Batch is split over data x fsdp,
+    # parameters over fsdp (model dim) and tensor (heads / MLP / vocab).
+    c.mesh = ml_collections.ConfigDict()
+    c.mesh.data = -1
+    c.mesh.fsdp = 1
+    c.mesh.tensor = 1
+
+    c.optim = ml_collections.ConfigDict()
+    c.optim.lr = 1e-6
+    c.optim.schedule = "constant"  # constant | cosine | linear
+    c.optim.warmup_steps = 0
+    c.optim.total_steps = 72  # used by decaying schedules
+    c.optim.weight_decay = 0.01
+    c.optim.b1 = 0.9
+    c.optim.b2 = 0.999
+    c.optim.eps = 1e-8
+    c.optim.grad_clip = 1.0
+    c.optim.grad_accum = 1  # micro-batches accumulated per optimizer step
+
+    c.rl = ml_collections.ConfigDict()
+    c.rl.group_size = 8  # G rollouts per task
+    c.rl.adv_eps = 1e-6
+    c.rl.adv_std_normalize = True  # divide by the (unbiased) group std
+    c.rl.clip_low = 0.2
+    c.rl.clip_high = 0.2
+    c.rl.dual_clip = 10.0  # 0 disables dual-clip
+    c.rl.log_ratio_clamp = 20.0
+    c.rl.kl_coef = 0.001
+    c.rl.kl_estimator = "k3"  # k1 | k2 | k3 ("low_var_kl")
+    c.rl.entropy_coef = 0.0
+    c.rl.loss_agg = "token-mean"  # token-mean | seq-mean-token-mean | seq-mean-token-sum-norm
+
+    # Diagnosis-weighted advantages (SEAL_METHOD.md section 3).
+    c.weighting = ml_collections.ConfigDict()
+    c.weighting.enabled = True
+    c.weighting.closed_loop = True  # False: static rho0 ("without closed-loop update")
+    c.weighting.beta = 0.25
+    c.weighting.alpha = 1.0
+    c.weighting.confidence_k = 32
+    c.weighting.mode = "all"  # all | positive | negative
+    c.weighting.budget_enabled = False
+    c.weighting.budget_strength = 1.0
+    c.weighting.budget_clamp = 2.0
+    c.weighting.cause_utilities = False
+    c.weighting.rho0 = ml_collections.ConfigDict(
+        {
+            "spurious_tool_call": 2.0,
+            "correct_abstention": 1.8,
+            "empty_turn_model_response": 1.5,
+            "instance_mismatch": 0.6,
+            "state_mismatch": 1.0,
+            "response_mismatch": 0.9,
+            "pass": 1.0,
+        }
+    )
+    c.weighting.excluded_tags = ("gt_error", "checker_error")
+    return c

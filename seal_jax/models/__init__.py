@@ -1,0 +1,24 @@
+"""Qwen-family policy models: architecture config, Flax module, Hugging Face checkpoint I/O."""
+
+from seal_jax.models.checkpoint import LoadedModel, load_hf_checkpoint, save_hf_checkpoint
+from seal_jax.models.config import CheckpointError, QwenConfig
+from seal_jax.models.qwen import (
+    Qwen,
+    forward_logits,
+    init_cache,
+    init_params,
+    token_logprobs,
+)
+
+__all__ = [
+    "CheckpointError",
+    "LoadedModel",
+    "Qwen",
+    "QwenConfig",
+    "forward_logits",
+    "init_cache",
+    "init_params",
+    "load_hf_checkpoint",
+    "save_hf_checkpoint",
+    "token_logprobs",
+]

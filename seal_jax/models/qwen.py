@@ -1,0 +1,354 @@
+"""Flax (linen) Qwen2 / Qwen2.5 / Qwen3 causal LM with an optional KV cache.
+
+Layers are stacked with `nn.scan` (one compiled layer body, parameters with a leading layer axis),
+optionally rematerialised. Parameter names follow Hugging Face so checkpoint mapping stays
+trivial: `embed_tokens`, `layers/{self_attn,mlp,input_layernorm,post_attention_layernorm}`, `norm`,
+`lm_head`.
+
+Inputs are explicit: `input_ids [B, T]`, `positions [B, T]` (RoPE positions) and `mask [B, T]`
+(1 for real tokens). A key is visible to a query when it sits at the same or an earlier slot and
+is a real token, so left padding, right padding and padding in the middle of a cache all work.
+
+KV cache (see `init_cache`): `{"k", "v": [L, B, S, KVH, D], "mask": [B, S] bool, "index": int32}`.
+A call with a cache writes its T new tokens at slots `index .. index + T - 1` (same for every row)
+and advances `index`; queries attend to every valid cached slot at or before their own.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+from seal_jax.models.config import QwenConfig
+
+Params = Any
+Cache = dict[str, jax.Array]
+
+
+class RMSNorm(nn.Module):
+    """RMS normalisation in float32, scaled by a learned weight (as Hugging Face Qwen)."""
+
+    eps: float
+    dtype: Any
+    param_dtype: Any
+
+    @nn.compact
+    def __call__(self, x: jax.Array) -> jax.Array:
+        """Normalises the last axis of x and returns it in the compute dtype."""
+        weight = self.param("scale", nn.initializers.ones, (x.shape[-1],), self.param_dtype)
+        x32 = x.astype(jnp.float32)
+        y = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + self.eps)
+        return weight.astype(self.dtype) * y.astype(self.dtype)
+
+
+def rope_tables(positions: jax.Array, head_dim: int, theta: float) -> tuple[jax.Array, jax.Array]:
+    """cos/sin tables [B, T, head_dim] (float32) for integer positions [B, T]."""
+    inv_freq = 1.0 / (theta ** (jnp.arange(0, head_dim, 2, dtype=jnp.float32) / head_dim))
+    freqs = positions.astype(jnp.float32)[..., None] * inv_freq
+    emb = jnp.concatenate([freqs, freqs], axis=-1)
+    return jnp.cos(emb), jnp.sin(emb)
+
+
+def apply_rope(x: jax.Array, cos: jax.Array, sin: jax.Array) -> jax.Array:
+    """Rotates x [B, T, H, D] by the tables (rotate-half convention of Hugging Face)."""
+    x1, x2 = jnp.split(x, 2, axis=-1)
+    rotated = jnp.concatenate([-x2, x1], axis=-1)
+    cos, sin = cos[:, :, None, :].astype(x.dtype), sin[:, :, None, :].astype(x.dtype)
+    return x * cos + rotated * sin
+
+
+def attention(q: jax.Array, k: jax.Array, v: jax.Array, visible: jax.Array) -> jax.Array:
+    """Grouped-query attention: q [B,T,H,D], k/v [B,S,KVH,D], visible [B,T,S] -> [B,T,H,D]."""
+    b, t, h, d = q.shape
+    kvh = k.shape[2]
+    q = q.reshape(b, t, kvh, h // kvh, d)
+    scores = jnp.einsum("btkgd,bskd->bkgts", q, k, preferred_element_type=jnp.float32)
+    scores = scores * (d**-0.5)
+    # A finite minimum (not -inf) keeps fully masked padding rows finite; their output is unused.
+    scores = jnp.where(visible[:, None, None], scores, jnp.finfo(jnp.float32).min)
+    probs = jax.nn.softmax(scores, axis=-1).astype(v.dtype)
+    out = jnp.einsum("bkgts,bskd->btkgd", probs, v)
+    return out.reshape(b, t, h, d)
+
+
+def _dense(features: int, name: str, dtype: Any, param_dtype: Any, bias: bool = False) -> nn.Dense:
+    return nn.Dense(features, use_bias=bias, dtype=dtype, param_dtype=param_dtype, name=name)
+
+
+class SelfAttention(nn.Module):
+    """GQA self-attention with RoPE, optional q/k RMSNorm (Qwen3) and q/k/v biases (Qwen2)."""
+
+    cfg: QwenConfig
+    dtype: Any
+    param_dtype: Any
+
+    @nn.compact
+    def __call__(self, x: jax.Array, layer_cache: Any, ctx: dict) -> tuple[jax.Array, Any]:
+        """x [B,T,E] -> (attention output [B,T,E], updated (k, v) cache slice or None)."""
+        cfg, dt, pdt = self.cfg, self.dtype, self.param_dtype
+        b, t, _ = x.shape
+        hd = cfg.head_dim
+        q = _dense(cfg.num_heads * hd, "q_proj", dt, pdt, cfg.qkv_bias)(x)
+        k = _dense(cfg.num_kv_heads * hd, "k_proj", dt, pdt, cfg.qkv_bias)(x)
+        v = _dense(cfg.num_kv_heads * hd, "v_proj", dt, pdt, cfg.qkv_bias)(x)
+        q = q.reshape(b, t, cfg.num_heads, hd)
+        k = k.reshape(b, t, cfg.num_kv_heads, hd)
+        v = v.reshape(b, t, cfg.num_kv_heads, hd)
+        if cfg.qk_norm:
+            q = RMSNorm(cfg.rms_norm_eps, dt, pdt, name="q_norm")(q)
+            k = RMSNorm(cfg.rms_norm_eps, dt, pdt, name="k_norm")(k)
+        q = apply_rope(q, ctx["cos"], ctx["sin"])
+        k = apply_rope(k, ctx["cos"], ctx["sin"])
+        if layer_cache is not None:
+            index = ctx["index"]
+            k_all = jax.lax.dynamic_update_slice(layer_cache[0], k.astype(dt), (0, index, 0, 0))
+            v_all = jax.lax.dynamic_update_slice(layer_cache[1], v.astype(dt), (0, index, 0, 0))
+            out = attention(q, k_all, v_all, ctx["visible"])
+            new_cache = (k_all, v_all)
+        else:
+            out = attention(q, k, v, ctx["visible"])
+            new_cache = None
+        out = out.reshape(b, t, cfg.num_heads * hd)
+        return _dense(cfg.hidden_size, "o_proj", dt, pdt)(out), new_cache
+
+
+class Mlp(nn.Module):
+    """SwiGLU feed-forward: down(silu(gate(x)) * up(x))."""
+
+    cfg: QwenConfig
+    dtype: Any
+    param_dtype: Any
+
+    @nn.compact
+    def __call__(self, x: jax.Array) -> jax.Array:
+        """x [B,T,E] -> [B,T,E]."""
+        f, dt, pdt = self.cfg.intermediate_size, self.dtype, self.param_dtype
+        gate = _dense(f, "gate_proj", dt, pdt)(x)
+        up = _dense(f, "up_proj", dt, pdt)(x)
+        return _dense(self.cfg.hidden_size, "down_proj", dt, pdt)(nn.silu(gate) * up)
+
+
+class DecoderLayer(nn.Module):
+    """One pre-norm decoder block; scanned over layers together with its slice of the KV cache."""
+
+    cfg: QwenConfig
+    dtype: Any
+    param_dtype: Any
+
+    @nn.compact
+    def __call__(self, x: jax.Array, layer_cache: Any, ctx: dict) -> tuple[jax.Array, Any]:
+        """x [B,T,E] -> (x', updated (k, v) cache slice or None)."""
+        eps, dt, pdt = self.cfg.rms_norm_eps, self.dtype, self.param_dtype
+        h = RMSNorm(eps, dt, pdt, name="input_layernorm")(x)
+        a, new_cache = SelfAttention(self.cfg, dt, pdt, name="self_attn")(h, layer_cache, ctx)
+        x = x + a
+        h = RMSNorm(eps, dt, pdt, name="post_attention_layernorm")(x)
+        x = x + Mlp(self.cfg, dt, pdt, name="mlp")(h)
+        return x, new_cache
+
+
+class Qwen(nn.Module):
+    """The causal LM trunk: returns final hidden states (normed) and the updated cache.
+
+    Attributes:
+      cfg: architecture.
+      dtype: compute dtype (activations, matmuls).
+      param_dtype: dtype parameters are created in (loading casts to it as well).
+      remat: rematerialise each layer in the backward pass (training memory).
+    """
+
+    cfg: QwenConfig
+    dtype: Any = jnp.float32
+    param_dtype: Any = jnp.float32
+    remat: bool = False
+
+    def setup(self) -> None:
+        """Creates the embedding, the scanned layer stack, the final norm and the LM head."""
+        cfg = self.cfg
+        self.embed_tokens = nn.Embed(
+            cfg.vocab_size,
+            cfg.hidden_size,
+            dtype=self.dtype,
+            param_dtype=self.param_dtype,
+            embedding_init=nn.initializers.normal(0.02),
+        )
+        layer = nn.remat(DecoderLayer, prevent_cse=False) if self.remat else DecoderLayer
+        self.layers = nn.scan(
+            layer,
+            variable_axes={"params": 0},
+            split_rngs={"params": True},
+            in_axes=(0, nn.broadcast),
+            length=cfg.num_layers,
+        )(cfg, self.dtype, self.param_dtype)
+        self.norm = RMSNorm(cfg.rms_norm_eps, self.dtype, self.param_dtype)
+        if not cfg.tie_word_embeddings:
+            self.lm_head = self.param(
+                "lm_head",
+                nn.initializers.normal(0.02),
+                (cfg.hidden_size, cfg.vocab_size),
+                self.param_dtype,
+            )
+
+    def __call__(
+        self,
+        input_ids: jax.Array,
+        positions: jax.Array,
+        mask: jax.Array,
+        cache: Cache | None = None,
+    ) -> tuple[jax.Array, Cache | None]:
+        """Runs the trunk. Returns (hidden [B,T,E] after the final norm, updated cache or None)."""
+        t = input_ids.shape[1]
+        cos, sin = rope_tables(positions, self.cfg.head_dim, self.cfg.rope_theta)
+        mask = mask.astype(bool)
+        if cache is None:
+            q_slot = k_slot = jnp.arange(t)
+            key_valid = mask
+            layer_cache, index = None, None
+        else:
+            index = cache["index"]
+            q_slot, k_slot = index + jnp.arange(t), jnp.arange(cache["mask"].shape[1])
+            key_valid = jax.lax.dynamic_update_slice(cache["mask"], mask, (0, index))
+            layer_cache = (cache["k"], cache["v"])
+        visible = (k_slot[None, :] <= q_slot[:, None])[None] & key_valid[:, None, :]
+        ctx = {"cos": cos, "sin": sin, "visible": visible, "index": index}
+        x = self.embed_tokens(input_ids)
+        x, new_layer_cache = self.layers(x, layer_cache, ctx)
+        new_cache = None
+        if cache is not None:
+            k, v = new_layer_cache
+            new_cache = {"k": k, "v": v, "mask": key_valid, "index": index + t}
+        return self.norm(x), new_cache
+
+    def output_embedding(self) -> jax.Array:
+        """The [E, V] matrix that maps hidden states to logits (tied or untied)."""
+        if self.cfg.tie_word_embeddings:
+            return self.embed_tokens.embedding.T
+        return self.lm_head
+
+    def logits(
+        self,
+        input_ids: jax.Array,
+        positions: jax.Array,
+        mask: jax.Array,
+        cache: Cache | None = None,
+    ) -> tuple[jax.Array, Cache | None]:
+        """Full float32 logits [B, T, V] (inference and tests; training uses token_logprobs)."""
+        hidden, cache = self(input_ids, positions, mask, cache)
+        w = self.output_embedding().astype(self.dtype)
+        return jnp.einsum("bte,ev->btv", hidden, w, preferred_element_type=jnp.float32), cache
+
+    def token_logprobs(
+        self,
+        input_ids: jax.Array,
+        positions: jax.Array,
+        mask: jax.Array,
+        targets: jax.Array,
+        chunk: int,
+        with_entropy: bool,
+    ) -> tuple[jax.Array, jax.Array | None]:
+        """log p(targets[b, t] | tokens <= t) [B, T] float32 (and the entropy if asked)."""
+        hidden, _ = self(input_ids, positions, mask)
+        w = self.output_embedding().astype(self.dtype)
+        return chunked_token_logprobs(hidden, w, targets, chunk, with_entropy)
+
+
+def chunked_token_logprobs(
+    hidden: jax.Array, w: jax.Array, targets: jax.Array, chunk: int, with_entropy: bool
+) -> tuple[jax.Array, jax.Array | None]:
+    """Log-probs (and entropies) of targets [B,T] from hidden [B,T,E] and output matrix w [E,V].
+
+    The sequence is processed in chunks of `chunk` positions, each rematerialised in the backward
+    pass, so at most a [B, chunk, V] float32 block of logits exists at any time.
+    """
+    b, t, e = hidden.shape
+    chunk = min(chunk, t)
+    n = -(-t // chunk)
+    pad = n * chunk - t
+    h = jnp.pad(hidden, ((0, 0), (0, pad), (0, 0))).reshape(b, n, chunk, e).swapaxes(0, 1)
+    tg = jnp.pad(targets, ((0, 0), (0, pad))).reshape(b, n, chunk).swapaxes(0, 1)
+
+    @jax.checkpoint
+    def one_chunk(args: tuple[jax.Array, jax.Array]) -> tuple[jax.Array, jax.Array]:
+        h_c, t_c = args
+        logits = jnp.einsum("bce,ev->bcv", h_c, w, preferred_element_type=jnp.float32)
+        lse = jax.nn.logsumexp(logits, axis=-1)
+        picked = jnp.take_along_axis(logits, t_c[..., None], axis=-1)[..., 0]
+        if not with_entropy:
+            return picked - lse, jnp.zeros_like(lse)
+        probs = jnp.exp(logits - lse[..., None])
+        return picked - lse, lse - jnp.sum(probs * logits, axis=-1)
+
+    logp, ent = jax.lax.map(one_chunk, (h, tg))
+    logp = logp.swapaxes(0, 1).reshape(b, n * chunk)[:, :t]
+    ent = ent.swapaxes(0, 1).reshape(b, n * chunk)[:, :t]
+    return logp, (ent if with_entropy else None)
+
+
+def init_cache(cfg: QwenConfig, batch: int, length: int, dtype: Any = jnp.float32) -> Cache:
+    """An empty KV cache for `batch` rows and `length` slots (nothing valid, index 0)."""
+    shape = (cfg.num_layers, batch, length, cfg.num_kv_heads, cfg.head_dim)
+    return {
+        "k": jnp.zeros(shape, dtype),
+        "v": jnp.zeros(shape, dtype),
+        "mask": jnp.zeros((batch, length), bool),
+        "index": jnp.zeros((), jnp.int32),
+    }
+
+
+def init_params(
+    cfg: QwenConfig, rng: jax.Array, param_dtype: Any = jnp.float32, seq_len: int = 8
+) -> Params:
+    """Random parameters (normal(0.02) kernels, unit norms) for tests and from-scratch models."""
+    model = Qwen(cfg, param_dtype=param_dtype)
+    ids = jnp.zeros((1, seq_len), jnp.int32)
+    variables = model.init(rng, ids, jnp.arange(seq_len)[None], jnp.ones((1, seq_len), bool))
+    return variables["params"]
+
+
+def forward_logits(
+    params: Params,
+    cfg: QwenConfig,
+    input_ids: jax.Array,
+    positions: jax.Array,
+    mask: jax.Array,
+    cache: Cache | None = None,
+    *,
+    dtype: Any = jnp.float32,
+) -> tuple[jax.Array, Cache | None]:
+    """float32 logits [B, T, V] for (input_ids, positions, mask) [B, T], and the updated cache."""
+    model = Qwen(cfg, dtype=dtype)
+    return model.apply({"params": params}, input_ids, positions, mask, cache, method="logits")
+
+
+def token_logprobs(
+    params: Params,
+    cfg: QwenConfig,
+    input_ids: jax.Array,
+    positions: jax.Array,
+    mask: jax.Array,
+    targets: jax.Array,
+    *,
+    dtype: Any = jnp.float32,
+    chunk: int = 512,
+    remat: bool = False,
+    with_entropy: bool = False,
+) -> tuple[jax.Array, jax.Array | None]:
+    """log p(targets[b,t] | input_ids[b, :t+1]) as float32 [B, T], plus entropies if asked.
+
+    Never materialises [B, T, V] logits: the vocabulary projection runs `chunk` positions at a time.
+    For next-token training, pass targets = input_ids shifted left by one.
+    """
+    model = Qwen(cfg, dtype=dtype, remat=remat)
+    return model.apply(
+        {"params": params},
+        input_ids,
+        positions,
+        mask,
+        targets,
+        chunk,
+        with_entropy,
+        method="token_logprobs",
+    )

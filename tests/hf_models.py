@@ -1,0 +1,87 @@
+"""Builds tiny random Hugging Face Qwen checkpoints with transformers + torch (the reference)."""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+
+VARIANTS = {
+    "qwen2_untied": dict(model_type="qwen2", tie_word_embeddings=False),
+    "qwen2_tied": dict(model_type="qwen2", tie_word_embeddings=True),
+    "qwen3": dict(model_type="qwen3", tie_word_embeddings=False),
+}
+
+
+def tiny_config(variant: str, vocab_size: int = 257, **overrides):
+    """A small transformers config of the given variant (GQA, non-default rope theta and eps)."""
+    import transformers
+
+    spec = dict(VARIANTS[variant])
+    model_type = spec.pop("model_type")
+    cls = transformers.Qwen2Config if model_type == "qwen2" else transformers.Qwen3Config
+    kwargs = dict(
+        vocab_size=vocab_size,
+        hidden_size=64,
+        intermediate_size=96,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=512,
+        rms_norm_eps=1e-5,
+        rope_parameters={"rope_type": "default", "rope_theta": 5000.0},
+        eos_token_id=vocab_size - 1,
+        **spec,
+    )
+    if model_type == "qwen3":
+        kwargs["head_dim"] = 24  # differs from hidden/heads, as Qwen3 allows
+    kwargs.update(overrides)
+    return cls(**kwargs)
+
+
+def build_tiny_checkpoint(path: str, variant: str, seed: int = 0, **overrides):
+    """Saves a random tiny model of `variant` at `path`; returns the torch model (eval, fp32)."""
+    import torch
+    import transformers
+
+    torch.manual_seed(seed)
+    config = tiny_config(variant, **overrides)
+    model = transformers.AutoModelForCausalLM.from_config(config, attn_implementation="eager")
+    with torch.no_grad():  # larger-than-default weights so that errors are not hidden by tiny logits
+        for name, p in model.named_parameters():
+            if name.endswith("norm.weight"):
+                p.copy_(1.0 + 0.1 * torch.randn_like(p))
+            else:
+                p.normal_(0.0, 0.08)
+    model.eval()
+    os.makedirs(path, exist_ok=True)
+    model.save_pretrained(path)
+    return model
+
+
+def torch_logits(model, input_ids: np.ndarray, positions: np.ndarray, mask: np.ndarray):
+    """Reference float32 logits [B, T, V] from the torch model with explicit positions and mask."""
+    import torch
+
+    with torch.no_grad():
+        out = model(
+            input_ids=torch.tensor(input_ids, dtype=torch.long),
+            position_ids=torch.tensor(positions, dtype=torch.long),
+            attention_mask=torch.tensor(mask, dtype=torch.long),
+        )
+    return out.logits.float().numpy()
+
+
+def padded_batch(vocab_size: int, seed: int = 0):
+    """A batch with a left-padded row, a right-padded row and a full row: ids, positions, mask."""
+    rng = np.random.default_rng(seed)
+    t = 12
+    lengths_pad = [(3, 0), (0, 4), (0, 0)]  # (left pad, right pad) per row
+    ids = rng.integers(0, vocab_size - 1, size=(3, t))
+    mask = np.ones((3, t), np.int64)
+    for row, (left, right) in enumerate(lengths_pad):
+        mask[row, :left] = 0
+        mask[row, t - right :] = 0
+    positions = np.maximum(np.cumsum(mask, axis=1) - 1, 0)
+    ids = np.where(mask == 1, ids, 0)
+    return ids, positions, mask
