@@ -49,6 +49,9 @@ def base_config() -> ml_collections.ConfigDict:
     c.rl.kl_estimator = "k3"  # k1 | k2 | k3 ("low_var_kl")
     c.rl.entropy_coef = 0.0
     c.rl.loss_agg = "token-mean"  # token-mean | seq-mean-token-mean | seq-mean-token-sum-norm
+    # seq-mean-token-sum-norm divides each sequence's token sum by this constant (Dr. GRPO): the
+    # most tokens after the prompt, 16384 context - 8192 prompt.
+    c.rl.loss_token_norm = 8192.0
 
     # Diagnosis-weighted advantages (SEAL_METHOD.md section 3).
     c.weighting = ml_collections.ConfigDict()

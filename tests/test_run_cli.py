@@ -1,0 +1,56 @@
+"""run.py turns flag, config and checkpoint mistakes into one clear error line."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from tests.devices import REPO
+
+
+def _run(*args, tmp_path):
+    proc = subprocess.run(
+        [sys.executable, "run.py", *args, f"--workdir={tmp_path}/wd"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    return proc.returncode, proc.stderr.strip().splitlines()
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        ([], "--config is required"),
+        (["--config=configs/missing.py"], "config file 'configs/missing.py' not found"),
+        (["--config=configs/qwen.py", "--config.optim.nope=1"], "unknown config key"),
+        (["--config=configs/qwen.py", "--config.optim.lr=fast"], "could not convert"),
+        (["--config=configs/qwen.py", "--config.model.path=/nonexistent"], "does not exist"),
+        (["--config=configs/qwen.py", "--config.model.param_dtype=int8"], "must be one of"),
+        (["--config=configs/qwen.py", "--mode=dance"], "value should be one of"),
+        (["--config=configs/qwen.py"], "set --config.model.path"),
+    ],
+)
+def test_user_errors_are_one_line(tmp_path, args, message):
+    code, lines = _run(*args, tmp_path=tmp_path)
+    errors = [line for line in lines if line.startswith("error:")]
+    assert code == 2
+    assert len(errors) == 1 and message in errors[0], lines
+    assert not any("Traceback" in line for line in lines)
+
+
+def test_overrides_reach_the_saved_resolved_config(tiny_checkpoints, tmp_path):
+    path = tiny_checkpoints["qwen2_untied"][0]
+    _run(
+        "--config=configs/tiny_test.py",
+        f"--config.model.path={path}",
+        "--config.optim.lr=3e-6",
+        "--mode=eval",
+        tmp_path=tmp_path,
+    )
+    with open(os.path.join(tmp_path, "wd", "config.json")) as f:
+        saved = json.load(f)
+    assert saved["optim"]["lr"] == 3e-6 and saved["model"]["path"] == path
