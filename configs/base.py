@@ -62,6 +62,8 @@ def base_config() -> ml_collections.ConfigDict:
     c.weighting.confidence_k = 32
     c.weighting.mode = "all"  # all | positive | negative
     c.weighting.budget_enabled = False
+    # Budget over tagged trajectories: w <- 1 + (w - 1) / (1 + strength), clamp to
+    # [1 / clamp, clamp], then divide by their mean (environments/weighting.py).
     c.weighting.budget_strength = 1.0
     c.weighting.budget_clamp = 2.0
     c.weighting.cause_utilities = False

@@ -1,0 +1,75 @@
+"""The jitted, sharded training step and the split of a step batch into micro-batches.
+
+`make_train_step(loss_fn, optimizer, ...)` compiles `(params, opt_state, batch) -> (params,
+opt_state, metrics)` with explicit in/out shardings, donating params and optimizer state.
+Gradient accumulation is `optax.MultiSteps` summing gradients (`seal_jax.optim`): call the step
+once per micro-batch from `split_micro_batches`, whose rows all carry the step batch's loss
+normaliser, so the summed micro-batch gradients equal the full batch's gradient (see
+`seal_jax.rl` for the aggregation). The batch layout is the one documented in `seal_jax.rl`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import jax
+import numpy as np
+import optax
+from jax.sharding import NamedSharding, PartitionSpec
+
+from seal_jax.rl import loss_normalizer
+
+LossFn = Callable[[Any, Mapping[str, jax.Array]], tuple[jax.Array, dict[str, jax.Array]]]
+TrainStep = Callable[[Any, Any, Mapping[str, jax.Array]], tuple[Any, Any, dict[str, jax.Array]]]
+
+
+def split_micro_batches(
+    batch: Mapping[str, np.ndarray], num_micro_batches: int, loss_agg: str
+) -> list[dict[str, np.ndarray]]:
+    """Splits a step batch (host arrays, leading dim B) into equal micro-batches of whole rows.
+
+    Every row first gets `loss_norm`, the normaliser of the whole step batch, so that the losses
+    and gradients of the micro-batches add up to those of the full batch.
+    """
+    rows = len(batch["loss_mask"])
+    if num_micro_batches < 1 or rows % num_micro_batches:
+        raise ValueError(f"cannot split {rows} rows into {num_micro_batches} equal micro-batches")
+    norm = np.float32(loss_normalizer(np.asarray(batch["loss_mask"]), loss_agg))
+    full = {**batch, "loss_norm": np.full((rows,), norm, dtype=np.float32)}
+    size = rows // num_micro_batches
+    return [
+        {key: value[i * size : (i + 1) * size] for key, value in full.items()}
+        for i in range(num_micro_batches)
+    ]
+
+
+def make_train_step(
+    loss_fn: LossFn,
+    optimizer: optax.GradientTransformation,
+    param_shardings: Any,
+    batch_sharding: NamedSharding,
+    opt_state_shardings: Any,
+) -> TrainStep:
+    """Returns the jitted `train_step(params, opt_state, batch) -> (params, opt_state, metrics)`.
+
+    param_shardings / opt_state_shardings: pytrees of shardings matching params and optimizer state
+    (`seal_jax.optim.opt_state_shardings`); batch_sharding: one sharding applied to every batch
+    array (rows over the data axes). Metrics (the loss's, plus `loss` and `grad_norm` of this
+    call's gradient, a micro-batch's share under accumulation) come back replicated. Params and
+    optimizer state are donated: do not reuse the arrays passed in.
+    """
+    replicated = NamedSharding(batch_sharding.mesh, PartitionSpec())
+
+    def train_step(params: Any, opt_state: Any, batch: Mapping[str, jax.Array]) -> tuple:
+        (loss, metrics), grads = jax.value_and_grad(loss_fn, has_aux=True)(params, batch)
+        updates, opt_state = optimizer.update(grads, opt_state, params)
+        params = optax.apply_updates(params, updates)
+        return params, opt_state, {**metrics, "loss": loss, "grad_norm": optax.global_norm(grads)}
+
+    return jax.jit(
+        train_step,
+        in_shardings=(param_shardings, opt_state_shardings, batch_sharding),
+        out_shardings=(param_shardings, opt_state_shardings, replicated),
+        donate_argnums=(0, 1),
+    )
