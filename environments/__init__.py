@@ -1,1 +1,1 @@
-"""Host-side environments: tasks, tool execution, verification, diagnosis, the learning interface."""
+"""Host-side environments: tasks, tool execution, verification, diagnosis, learning interface."""

@@ -1,0 +1,89 @@
+"""TFDS builder of the BFCL multi-turn tasks with the project's split, in array_record format.
+
+Build once (no TensorFlow needed), then read with `tfds.data_source`:
+
+    python -m environments.bfcl.tfds_builder --data_dir=~/tensorflow_datasets
+
+    import tensorflow_datasets as tfds
+    import environments.bfcl.tfds_builder  # registers "bfcl_multi_turn"
+    source = tfds.data_source("bfcl_multi_turn", split="train", data_dir=...)
+    task = environments.bfcl.tfds_builder.decode(source[0])  # -> ToolTask
+
+Each example holds the task id, its category, and the BFCL entry and possible answer as JSON,
+so that `decode` rebuilds the ToolTask exactly as `environments.bfcl.load_task` does.
+"""
+
+import json
+
+import tensorflow_datasets as tfds
+from absl import app, flags
+from etils import epath
+
+from environments.bfcl.tasks import CATEGORIES, build_task, category_of, raw_entries, split_ids
+from environments.task import ToolTask
+
+SPLITS = ("train", "eval")
+
+
+class BfclMultiTurn(tfds.core.GeneratorBasedBuilder):
+    """BFCL v3 multi-turn (800 tasks): 400 train / 400 eval, 100 train per category."""
+
+    VERSION = tfds.core.Version("1.0.0")
+    RELEASE_NOTES = {"1.0.0": "bfcl-eval 2026.3.23 multi-turn data; split seed 2605."}
+    # TFDS would locate this file through `importlib_resources`, which is not installed.
+    code_path = epath.Path(__file__)
+
+    def _info(self) -> tfds.core.DatasetInfo:
+        """Describes the features: id, category, and the entry and answer as JSON text."""
+        features = tfds.features.FeaturesDict(
+            {
+                "id": tfds.features.Text(),
+                "category": tfds.features.Text(),
+                "entry": tfds.features.Text(),
+                "answer": tfds.features.Text(),
+            }
+        )
+        return self.dataset_info_from_configs(features=features, supervised_keys=None)
+
+    def _split_generators(self, dl_manager: tfds.download.DownloadManager) -> dict:
+        """One generator per split; nothing is downloaded (the data ships with bfcl-eval)."""
+        return {split: self._generate_examples(split) for split in SPLITS}
+
+    def _generate_examples(self, split: str):  # noqa: ANN202 (a generator of (key, example))
+        """Yields (task id, example) for every task of the split."""
+        wanted = set(split_ids(split))
+        for category in CATEGORIES:
+            for entry, answer in raw_entries(category):
+                if entry["id"] in wanted:
+                    yield (
+                        entry["id"],
+                        {
+                            "id": entry["id"],
+                            "category": category_of(entry["id"]),
+                            "entry": json.dumps(entry),
+                            "answer": json.dumps(answer),
+                        },
+                    )
+
+
+def decode(example: dict) -> ToolTask:
+    """Rebuilds the ToolTask from one example read from the data source."""
+    text = lambda value: value.decode() if isinstance(value, bytes) else value  # noqa: E731
+    return build_task(json.loads(text(example["entry"])), json.loads(text(example["answer"])))
+
+
+def build(data_dir: str) -> None:
+    """Writes the dataset (array_record) into data_dir."""
+    builder = BfclMultiTurn(data_dir=data_dir, file_format="array_record")
+    builder.download_and_prepare()
+
+
+def main(argv: list[str]) -> None:
+    """Builds the dataset into --data_dir."""
+    del argv
+    build(flags.FLAGS.data_dir)
+
+
+if __name__ == "__main__":
+    flags.DEFINE_string("data_dir", None, "TFDS data directory.", required=True)
+    app.run(main)

@@ -1,0 +1,66 @@
+"""Every string the agent sees comes from here: system prompt, user turns, reveals, tool results.
+
+`Renderer` is the plain interface used for evaluation. The training-time learning interface
+(schema cues, error hints, guidelines) wraps or subclasses it and overrides these methods.
+"""
+
+import json
+
+from environments.executor import CallOutcome
+from environments.toolcall import function_tool, render_tools_block
+
+Message = dict[str, str]
+
+# BFCL's text for a turn that reveals held-back functions (DEFAULT_USER_PROMPT_FOR_ADDITIONAL_*).
+REVEAL_SUFFIX = "I have updated some more functions you can choose from. What about now?"
+
+_ERROR_TEXTS = {
+    "unparseable": "Error: could not parse the tool call: {reason}.",
+    "unknown_tool": "Error: there is no tool named {tool!r} among the available tools.",
+    "missing_argument": "Error: {tool}() is missing the required argument {argument!r}.",
+    "unexpected_argument": "Error: {tool}() got an unexpected argument {argument!r}.",
+    "wrong_type": "Error: argument {argument!r} of {tool}() must be of type {expected}, not {got}.",
+    "enum_value": "Error: argument {argument!r} of {tool}() must be one of {allowed}.",
+}
+
+
+class Renderer:
+    """The plain interface: turns a task's facts into chat messages.
+
+    Messages are `{"role": ..., "content": ...}` dicts; tool messages may also carry
+    `error_kind`, a machine-readable label that chat templates ignore.
+    """
+
+    def tools(self, docs: list[dict]) -> list[dict]:
+        """Returns the Qwen/OpenAI tool schemas shown for these function docs."""
+        return [function_tool(doc) for doc in docs]
+
+    def system(self, docs: list[dict], preamble: str = "") -> Message:
+        """Returns the system message: optional task text, then the Qwen tools section."""
+        block = render_tools_block(self.tools(docs))
+        return {"role": "system", "content": f"{preamble}\n\n{block}" if preamble else block}
+
+    def user_turn(self, messages: list[dict]) -> list[Message]:
+        """Returns the messages that open a user turn, copied from the task."""
+        return [{"role": m["role"], "content": m["content"]} for m in messages]
+
+    def reveal(self, docs: list[dict]) -> Message:
+        """Returns the user message that hands over held-back functions (BFCL's wording)."""
+        listing = json.dumps(self.tools(docs), ensure_ascii=False)
+        return {"role": "user", "content": f"{listing}\n{REVEAL_SUFFIX}"}
+
+    def tool_message(self, outcome: CallOutcome) -> Message:
+        """Returns the tool message for one call's outcome."""
+        if outcome.result is not None:
+            content = outcome.result
+        else:
+            content = _ERROR_TEXTS[outcome.error_kind].format(**outcome.details)
+        message = {"role": "tool", "content": content}
+        if outcome.error_kind:
+            message["error_kind"] = outcome.error_kind
+        return message
+
+    def unparseable(self, reason: str) -> Message:
+        """Returns the tool message answering a `<tool_call>` block that could not be parsed."""
+        content = _ERROR_TEXTS["unparseable"].format(reason=reason)
+        return {"role": "tool", "content": content, "error_kind": "unparseable"}
