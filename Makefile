@@ -4,7 +4,6 @@ PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 PIP := $(PY) -m pip
-DEMO_ARGS ?=
 
 .PHONY: install install-test demo test lint format
 
@@ -26,8 +25,12 @@ $(VENV)/.installed-test: $(VENV)/.installed requirements-test.txt
 install: $(VENV)/.installed
 install-test: $(VENV)/.installed-test
 
+# Until the CPU default config lands (issue 8), the demo runs the end-to-end path that exists:
+# the BFCL evaluation pipeline on the 400 evaluation tasks with the scripted oracle (must score
+# 100%) and do-nothing (0%) policies; metrics and transcripts go to workdirs/demo/.
 demo: $(VENV)/.installed
-	$(PY) run.py --config=configs/demo.py --workdir=workdirs/demo $(DEMO_ARGS)
+	$(PY) -m environments.bfcl.evaluate --policy=oracle --split=eval --workdir=workdirs/demo/oracle
+	$(PY) -m environments.bfcl.evaluate --policy=noop --split=eval --workdir=workdirs/demo/noop
 
 lint: $(VENV)/.installed-test
 	$(PY) -m ruff check .
