@@ -53,6 +53,10 @@ class EpisodeResult:
       turn_tags: one tag per ground-truth user turn (environments.diagnosis.TAGS).
       turn_causes: per turn, the set of fine causes (environments.diagnosis.CAUSES).
       turn_error_kinds: per turn, the error kinds of its error observations.
+      turn_argument_tools: per turn, the tool of every model call whose arguments broke its
+        schema (refused in training mode, run in official mode), in order.
+      turn_missing_tools: per turn with the `missing_tool_call` cause, the ground-truth tools
+        the model never ran in it (sorted); [] for other turns.
       failure_reason: why the episode ended early ("step_limit", "incomplete", a worker
         failure), else None.
       transcript: every message of the episode, system prompt first.
@@ -69,6 +73,8 @@ class EpisodeResult:
     model_calls: int = 0
     transcript: list[Message] = field(default_factory=list)
     observations: list[list[Message]] = field(default_factory=list)
+    turn_argument_tools: list[list[str]] = field(default_factory=list)
+    turn_missing_tools: list[list[str]] = field(default_factory=list)
 
     @property
     def reward(self) -> float:
@@ -105,6 +111,7 @@ class Episode:
         self.current = TurnRecord()
         self.transcript: list[Message] = []
         self.observations: list[list[Message]] = []
+        self.argument_tools: dict[int, list[str]] = {}  # turn -> tools called with bad arguments
 
     def reset(self) -> list[Message]:
         """Returns the opening messages: the system prompt and the first user turn."""
@@ -143,7 +150,9 @@ class Episode:
         calls = reply.calls if training else reply.official_calls
         messages = [self.renderer.unparseable(reason) for reason in reply.invalid if training]
         self.current.made_calls |= bool(calls)
-        messages += [self.renderer.tool_message(self._run_model_call(call)) for call in calls]
+        shown = [name for name in self.docs if name in self.shown]
+        for call in calls:
+            messages.append(self.renderer.tool_message(self._run_model_call(call), shown))
         for message in messages:
             if "error_kind" in message:
                 self.current.error_kinds.append(message["error_kind"])
@@ -177,18 +186,24 @@ class Episode:
             self._unreached(i) for i in range(len(self.records), len(self.task.turns))
         ]
         tags = [turn_tag(record) for record in records]
+        causes = [turn_causes(r, tag) for r, tag in zip(records, tags)]
         reason = self.failure_reason
         return EpisodeResult(
             task_id=self.task.task_id,
             category=self.task.category,
             success=reason is None and all(r.official_pass for r in records),
             turn_tags=tags,
-            turn_causes=[turn_causes(r, tag) for r, tag in zip(records, tags)],
+            turn_causes=causes,
             turn_error_kinds=[list(r.error_kinds) for r in records],
             failure_reason=reason,
             model_calls=self.model_calls,
             transcript=self.transcript,
             observations=self.observations,
+            turn_argument_tools=[self.argument_tools.get(t, []) for t in range(len(records))],
+            turn_missing_tools=[
+                sorted(set(r.truth_tools) - r.model_tools) if "missing_tool_call" in c else []
+                for r, c in zip(records, causes)
+            ],
         )
 
     def _check_running(self) -> None:
@@ -218,6 +233,8 @@ class Episode:
         doc = self.docs.get(call.name)
         problem = check_arguments(call, doc) if doc else None
         self.current.argument_errors += problem is not None
+        if problem:
+            self.argument_tools.setdefault(self.turn, []).append(call.name)
         if self.config.mode == "training":
             if call.name not in self.shown:
                 self.current.invalid_calls += 1

@@ -5,6 +5,7 @@
 """
 
 import json
+from collections.abc import Sequence
 
 from environments.executor import CallOutcome
 from environments.toolcall import function_tool, render_tools_block
@@ -49,8 +50,12 @@ class Renderer:
         listing = json.dumps(self.tools(docs), ensure_ascii=False)
         return {"role": "user", "content": f"{listing}\n{REVEAL_SUFFIX}"}
 
-    def tool_message(self, outcome: CallOutcome) -> Message:
-        """Returns the tool message for one call's outcome."""
+    def tool_message(self, outcome: CallOutcome, shown_tools: Sequence[str] = ()) -> Message:
+        """Returns the tool message for one call's outcome.
+
+        `shown_tools` names the tools the agent can currently see (the plain interface does
+        not use it; the learning interface lists them in its hints).
+        """
         if outcome.result is not None:
             content = outcome.result
         else:

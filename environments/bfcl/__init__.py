@@ -2,8 +2,9 @@
 
 from environments.bfcl.tasks import CATEGORIES, all_task_ids, load_task, split_ids
 from environments.episode import Episode, EpisodeConfig, EpisodeResult
+from environments.task import ToolTask
 
-__all__ = ["CATEGORIES", "all_task_ids", "load_task", "score", "split_ids"]
+__all__ = ["CATEGORIES", "all_task_ids", "load_task", "score", "score_task", "split_ids"]
 
 
 def score(task_id: str, assistant_turns: list[list[str]], mode: str = "official") -> EpisodeResult:
@@ -24,10 +25,20 @@ def score(task_id: str, assistant_turns: list[list[str]], mode: str = "official"
     Raises:
       ValueError: unknown task id, or more turns than the task has.
     """
-    task = load_task(task_id)
+    return score_task(load_task(task_id), assistant_turns, mode)
+
+
+def score_task(
+    task: ToolTask, assistant_turns: list[list[str]], mode: str = "official"
+) -> EpisodeResult:
+    """Scores assistant messages on any ToolTask, as `score` does (shared by task sources).
+
+    Raises:
+      ValueError: more turns than the task has.
+    """
     if len(assistant_turns) > len(task.turns):
         raise ValueError(
-            f"{task_id} has {len(task.turns)} user turns, got {len(assistant_turns)} turns"
+            f"{task.task_id} has {len(task.turns)} user turns, got {len(assistant_turns)} turns"
         )
     episode = Episode(task, EpisodeConfig(mode=mode))
     episode.reset()
