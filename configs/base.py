@@ -79,4 +79,70 @@ def base_config() -> ml_collections.ConfigDict:
         }
     )
     c.weighting.excluded_tags = ("gt_error", "checker_error")
+
+    # The learning interface Omega_t (SEAL_METHOD.md section 4; environments/interface.py), shown
+    # in training only. Switches: off | static (every tool / kind / tag) | adaptive (closed loop).
+    # Defaults: the authors' released setting (preset "released"); `with_preset` gives the others.
+    c.interface = ml_collections.ConfigDict()
+    c.interface.schema_cues = "static"  # [required] and enum markers per tool, instruction line
+    c.interface.schema_types = False  # schema cues also name each parameter's type
+    c.interface.affordance_cues = "off"  # per tool: a line urging its use
+    c.interface.error_hints = "off"  # per error kind: an actionable line on error observations
+    c.interface.guidelines = "off"  # per tag: a behavioural line in the system prompt
+    # Adaptive units: evidence e <- decay * e + (turns of the step showing the failure);
+    # on when e >= on_count, off again when e < off_count.
+    c.interface.decay = 0.5
+    c.interface.on_count = 3.0
+    c.interface.off_count = 1.0
+    # Guidelines from the tag statistics: count, prevalence and mean-reward thresholds, top k by
+    # prevalence * (1 - mean reward); excluded tags stay out of the prevalence denominator.
+    c.interface.guideline_min_count = 8
+    c.interface.guideline_min_prevalence = 0.10
+    c.interface.guideline_max_reward = 0.6
+    c.interface.guideline_top_k = 3
+    c.interface.excluded_tags = ("gt_error", "checker_error")
+
+    # The environment (host side).
+    c.env = ml_collections.ConfigDict()
+    c.env.name = "bfcl"  # bfcl | suite
+    c.env.num_workers = 2  # environment worker processes per host
+    c.env.max_model_calls = 20  # assistant messages per episode
+    c.env.call_time_limit_s = 5.0
+    c.env.train_mode = "training"  # training | official: episode semantics for training rollouts
+
+    # Rollouts (device side).
+    c.rollout = ml_collections.ConfigDict()
+    c.rollout.context_limit = 16384
+    c.rollout.max_prompt_tokens = 8192  # longer task prompts are refused with a clear error
+    c.rollout.max_new_tokens = 4096  # per model turn
+    c.rollout.temperature = 1.0
+    c.rollout.top_k = 0  # 0: off
+    c.rollout.top_p = 1.0
+    c.rollout.micro_batch_tasks = 0  # tasks per rollout batch (0: the whole step at once)
+    c.rollout.prefill_chunk = 512
+    c.rollout.enable_thinking = False  # Qwen3 templates: render non-thinking prompts
+
+    # The training loop.
+    c.train = ml_collections.ConfigDict()
+    c.train.batch_tasks = 32  # B tasks per step (x rl.group_size rollouts)
+    c.train.mini_batch_tasks = 8  # tasks per optimizer step (paper: 4 optimizer steps per step)
+    c.train.ppo_epochs = 1
+    c.train.epochs = 6
+    c.train.max_steps = 0  # 0: epochs * (training tasks // batch_tasks)
+    c.train.eval_every = 10  # steps; evaluation also runs before training and at the end
+    c.train.eval_limit = 0  # evaluation tasks (0: the whole evaluation split)
+    c.train.eval_batch_tasks = 32
+    c.train.eval_max_new_tokens = 1024
+    c.train.checkpoint_every = 1
+    c.train.keep_checkpoints = 3  # the last K are kept, plus the best
+    c.train.best_metric = "eval/mean"
+    c.train.length_bucket = 256  # training batch lengths are padded to a multiple of this
+
+    # Multi-host: jax.distributed is initialised when enabled (on TPU pods the defaults are
+    # discovered automatically; on CPU/GPU clusters give the coordinator and process ids).
+    c.distributed = ml_collections.ConfigDict()
+    c.distributed.enabled = False
+    c.distributed.coordinator_address = ""
+    c.distributed.num_processes = 0
+    c.distributed.process_id = -1
     return c
