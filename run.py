@@ -104,6 +104,10 @@ def main(argv: list[str]) -> None:
 
 
 if __name__ == "__main__":
-    # jax logs a failed TPU probe at INFO on every CPU/GPU machine; it is noise, not a problem.
+    # jax logs a failed TPU probe at INFO on every CPU/GPU machine, and orbax logs every save in
+    # detail: noise that would bury the per-step progress lines.
     py_logging.getLogger("jax._src.xla_bridge").setLevel(py_logging.WARNING)
+    py_logging.getLogger("absl").addFilter(
+        lambda r: r.levelno >= py_logging.WARNING or "/orbax/" not in r.pathname
+    )
     app.run(main, flags_parser=parse_flags)

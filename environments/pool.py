@@ -168,6 +168,12 @@ class EnvPool:
                     self._results[b] = result
         return observations, self._dones.copy()
 
+    def stop(self, episodes: list[int]) -> None:
+        """Ends these episodes as they stand, without another message (e.g. the policy ran out
+        of context); their verdicts come from `results`, unfinished turns counting as not
+        reached and the episode as "incomplete"."""
+        self._dones[list(episodes)] = True
+
     def results(self) -> BatchResults:
         """Returns the verdicts of the batch and ends it (unfinished turns count as not reached)."""
         settled = self._failures.keys() | self._results.keys()
@@ -183,7 +189,7 @@ class EnvPool:
                 episodes.append(self._results[b])
             else:  # The worker's state is gone: a failure without turn tags.
                 episodes.append(EpisodeResult(task_id, "", False, [], [], [], self._failures[b]))
-        return _to_arrays(episodes)
+        return batch_results(episodes)
 
     def close(self) -> None:
         """Stops all workers."""
@@ -258,8 +264,8 @@ class EnvPool:
                 self._dones[b] = True
 
 
-def _to_arrays(episodes: list[EpisodeResult]) -> BatchResults:
-    """Packs per-episode verdicts into padded arrays."""
+def batch_results(episodes: list[EpisodeResult]) -> BatchResults:
+    """Packs per-episode verdicts into padded arrays (also to merge batches from several hosts)."""
     turns = max((len(e.turn_tags) for e in episodes), default=0)
     tag_ids = np.full((len(episodes), turns), -1, np.int32)
     cause_mask = np.zeros((len(episodes), turns, len(CAUSES)), bool)

@@ -1,15 +1,26 @@
-"""What each `run.py --mode` does, given a validated config and a work directory."""
+"""What each `run.py --mode` does, given a validated config and a work directory.
+
+* train: SEAL training in the work directory (resumes from its newest checkpoint).
+* eval: greedy evaluation on the evaluation split with the plain interface; evaluates the work
+  directory's newest checkpoint if there is one, else the Hugging Face model at model.path.
+  Writes `eval_step<N>.json`.
+* export: writes the newest checkpoint's parameters as a Hugging Face directory
+  (`<workdir>/export`, tokenizer files copied from model.path).
+"""
 
 from __future__ import annotations
 
+import json
 import os
 from typing import Any
 
+import jax
 from absl import logging
 
 from seal_jax import config as config_lib
 from seal_jax import sharding
-from seal_jax.models import CheckpointError, LoadedModel, load_hf_checkpoint
+from seal_jax.checkpointing import Checkpointer
+from seal_jax.models import CheckpointError, LoadedModel, load_hf_checkpoint, save_hf_checkpoint
 
 
 def load_policy(config: Any) -> LoadedModel:
@@ -24,15 +35,44 @@ def load_policy(config: Any) -> LoadedModel:
         dtype=config_lib.dtype(config.model.param_dtype),
         compute_dtype=config_lib.dtype(config.model.compute_dtype),
     )
-    n = sum(x.size for x in __import__("jax").tree.leaves(model.params))
+    n = sum(x.size for x in jax.tree.leaves(model.params))
     logging.info("loaded %s: %.2fM parameters on mesh %s", path, n / 1e6, dict(mesh.shape))
     return model
 
 
+def _trained_params(model: LoadedModel, workdir: str) -> tuple[Any, int | None]:
+    """The newest checkpoint's parameters in workdir (and its step), or the loaded model's."""
+    checkpointer = Checkpointer(workdir)
+    step = checkpointer.latest_step()
+    if step is None:
+        return model.params, None
+    params, _ = checkpointer.restore_params(step, model.params)
+    checkpointer.close()
+    return params, step
+
+
 def run(mode: str, config: Any, workdir: str) -> None:
     """Runs `mode` ('train', 'eval' or 'export')."""
-    load_policy(config)
-    raise config_lib.ConfigError(
-        f"--mode={mode} is not available yet: the co-evolution trainer, evaluation and export "
-        "land with issue 7; this build loads and validates the policy checkpoint only"
-    )
+    from seal_jax import distributed, trainer
+
+    if config.distributed.enabled:
+        distributed.initialize(config.distributed)
+    model = load_policy(config)
+    if mode == "train":
+        trainer.train(config, model, workdir)
+    elif mode == "eval":
+        params, step = _trained_params(model, workdir)
+        run_ = trainer.build(config, model, workdir)
+        metrics = trainer.evaluate(run_, params, step or 0)
+        name = f"eval_step{step}.json" if step is not None else "eval_hf.json"
+        if jax.process_index() == 0:
+            with open(os.path.join(workdir, name), "w") as f:
+                json.dump(metrics, f, indent=2)
+        logging.info("wrote %s", os.path.join(workdir, name))
+    elif mode == "export":
+        params, step = _trained_params(model, workdir)
+        if step is None:
+            raise CheckpointError(f"no training checkpoint in {workdir!r} to export")
+        out = os.path.join(workdir, "export")
+        save_hf_checkpoint(out, params, model.config, tokenizer_dir=model.path)
+        logging.info("exported step %d to %s", step, out)

@@ -1,0 +1,472 @@
+"""The SEAL co-evolution loop (SEAL_METHOD.md section 1), driven by `run.py --mode=train`.
+
+One step:
+  tasks      <- B training tasks (a seeded permutation per epoch; the position follows the step)
+  episodes   <- G rollouts per task through the CURRENT interface (seal_jax.episodes)
+  verdicts   <- rewards, per-turn tags and causes from the environment pool
+  host state <- tag statistics, utilities rho, interface Omega (once per step)
+  advantages <- GRPO per group, times the trajectory weights w(tags)
+  update     <- PPO-clip + KL on the model's tokens: mini-batches x micro-batches, ppo_epochs
+Evaluation (greedy, plain interface, official semantics) runs before training, every
+`train.eval_every` steps and at the end. Checkpoints carry everything needed to continue
+bit-for-bit; restarting the same command on the same work directory resumes.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import hashlib
+import time
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from absl import logging
+
+from environments.episode import EpisodeConfig
+from environments.interface import LearningInterface
+from environments.pool import EnvPool, PoolConfig, batch_results
+from environments.sources import TaskSource, get_source
+from environments.weighting import DiagnosisWeighting, weight_metrics
+from seal_jax import config as config_lib
+from seal_jax import distributed, episodes, optim, rl, rollout, sharding, train_step, trajectories
+from seal_jax.chat import ChatFormat
+from seal_jax.checkpointing import Checkpointer
+from seal_jax.metrics import MetricsWriter
+from seal_jax.models import LoadedModel, token_logprobs
+from seal_jax.sampler import SamplingParams
+
+
+@dataclasses.dataclass
+class Run:
+    """Everything built once per run (see `build`)."""
+
+    config: Any
+    workdir: str
+    model: LoadedModel
+    chat: ChatFormat
+    source: TaskSource
+    train_engine: rollout.RolloutEngine
+    eval_engine: rollout.RolloutEngine
+    rollout_mesh: Any
+    optimizer: Any
+    step_fn: Any
+    logprob_fn: Any
+    opt_state_shardings: Any
+
+
+@dataclasses.dataclass
+class State:
+    """What a checkpoint restores: device arrays plus plain host data."""
+
+    step: int
+    params: Any
+    opt_state: Any
+    weighting: DiagnosisWeighting
+    interface: LearningInterface
+    best_metric: float = float("-inf")
+    last_eval: dict = dataclasses.field(default_factory=dict)
+
+    def host_dict(self) -> dict:
+        """The JSON part of a checkpoint."""
+        return {
+            "step": self.step,
+            "weighting": self.weighting.to_dict(),
+            "interface": self.interface.to_dict(),
+            "best_metric": self.best_metric,
+            "last_eval": self.last_eval,
+        }
+
+
+def steps_per_epoch(config: Any, source: TaskSource) -> int:
+    """Training steps in one pass over the training split (the remainder is dropped)."""
+    n = len(source.split_ids("train")) // config.train.batch_tasks
+    if n < 1:
+        raise config_lib.ConfigError(
+            f"--config.train.batch_tasks={config.train.batch_tasks} exceeds the "
+            f"{len(source.split_ids('train'))} training tasks"
+        )
+    return n
+
+
+def total_steps(config: Any, source: TaskSource) -> int:
+    """train.max_steps, or epochs x steps per epoch."""
+    return config.train.max_steps or config.train.epochs * steps_per_epoch(config, source)
+
+
+def step_tasks(config: Any, source: TaskSource, step: int) -> list[str]:
+    """The B tasks of `step`: slice `step % E` of epoch `step // E`'s seeded permutation."""
+    ids = source.split_ids("train")
+    per_epoch = steps_per_epoch(config, source)
+    epoch, index = divmod(step, per_epoch)
+    order = np.random.default_rng([config.seed, epoch]).permutation(len(ids))
+    b = config.train.batch_tasks
+    return [ids[i] for i in order[index * b : (index + 1) * b]]
+
+
+def _engine(
+    model: LoadedModel,
+    mesh: Any,
+    config: Any,
+    chat: ChatFormat,
+    sampling: SamplingParams,
+    max_new_tokens: int,
+) -> rollout.RolloutEngine:
+    """An engine on `mesh`; its params are set before each use (`_set_engine_params`)."""
+    engine_config = rollout.EngineConfig(
+        context_limit=config.rollout.context_limit,
+        max_new_tokens=max_new_tokens,
+        stop_ids=chat.stop_ids,
+        sampling=sampling,
+        prefill_chunk=config.rollout.prefill_chunk,
+    )
+    return rollout.RolloutEngine(None, model.config, mesh, engine_config, model.compute_dtype)
+
+
+def build(config: Any, model: LoadedModel, workdir: str) -> Run:
+    """Tokenizer, task source, rollout engines, optimizer and the compiled update."""
+    chat = ChatFormat(model.tokenizer(), enable_thinking=config.rollout.enable_thinking)
+    source = get_source(config.env.name)
+    r = config.rollout
+    sampling = SamplingParams("sample", r.temperature, r.top_k, r.top_p)
+    # Rollouts are host-local: on one process the global mesh, else this process's devices.
+    mesh = distributed.local_mesh() if distributed.multi_process() else model.mesh
+    train_engine = _engine(model, mesh, config, chat, sampling, r.max_new_tokens)
+    eval_engine = _engine(
+        model, mesh, config, chat, SamplingParams("greedy"), config.train.eval_max_new_tokens
+    )
+    logprobs = functools.partial(
+        token_logprobs,
+        cfg=model.config,
+        dtype=model.compute_dtype,
+        chunk=config.model.logprob_chunk,
+        remat=config.model.remat,
+        with_entropy=config.rl.entropy_coef > 0,
+    )
+
+    def logprob_fn(params: Any, input_ids: Any, positions: Any, mask: Any, targets: Any) -> Any:
+        out, entropy = logprobs(
+            params, input_ids=input_ids, positions=positions, mask=mask, targets=targets
+        )
+        return out if entropy is None else (out, entropy)
+
+    optimizer = optim.make_optimizer(config.optim)
+    param_shardings = jax.tree.map(lambda x: x.sharding, model.params)
+    opt_shardings = optim.opt_state_shardings(optimizer, model.params, param_shardings)
+    step_fn = train_step.make_train_step(
+        rl.make_loss_fn(logprob_fn, config.rl),
+        optimizer,
+        param_shardings,
+        sharding.batch_sharding(model.mesh, ndim=1),
+        opt_shardings,
+    )
+    forward = jax.jit(
+        lambda params, b: logprobs(
+            params,
+            input_ids=b["input_ids"],
+            positions=b["positions"],
+            mask=b["mask"],
+            targets=b["targets"],
+        )[0],
+        out_shardings=sharding.batch_sharding(model.mesh, ndim=1),
+    )
+    return Run(
+        config,
+        workdir,
+        model,
+        chat,
+        source,
+        train_engine,
+        eval_engine,
+        mesh,
+        optimizer,
+        step_fn,
+        forward,
+        opt_shardings,
+    )
+
+
+def _pool(run: Run, mode: str) -> EnvPool:
+    env = run.config.env
+    episode = EpisodeConfig(
+        mode=mode, max_model_calls=env.max_model_calls, call_time_limit_s=env.call_time_limit_s
+    )
+    return EnvPool(run.source.load_task, PoolConfig(num_workers=env.num_workers, episode=episode))
+
+
+def _put(run: Run, batch: dict[str, np.ndarray]) -> dict[str, jax.Array]:
+    """Global arrays (rows over the batch axes) from host arrays every process holds in full."""
+    place = sharding.batch_sharding(run.model.mesh, ndim=1)
+    return {k: distributed.put_global(np.asarray(v), place) for k, v in batch.items()}
+
+
+def _forward_logprobs(run: Run, params: Any, batch: dict[str, np.ndarray]) -> np.ndarray:
+    """log p(targets) under params for the whole batch, one mini-batch of rows at a time."""
+    rows = run.config.train.mini_batch_tasks * run.config.rl.group_size
+    keys = ("input_ids", "positions", "mask", "targets")
+    out = []
+    for start in range(0, len(batch["input_ids"]), rows):
+        part = _put(run, {k: batch[k][start : start + rows] for k in keys})
+        with jax.set_mesh(run.model.mesh):
+            out.append(distributed.to_host(run.logprob_fn(params, part)))
+    return np.concatenate(out)
+
+
+def _set_engine_params(engine: rollout.RolloutEngine, params: Any, run: Run) -> None:
+    """Gives the engine the current policy (a host-local copy when there are several hosts)."""
+    multi = distributed.multi_process()
+    engine.params = distributed.local_copy(params, run.rollout_mesh) if multi else params
+
+
+def _host_share(items: list[str]) -> list[str]:
+    """This process's contiguous share of a list that divides evenly over processes."""
+    n, p = jax.process_count(), jax.process_index()
+    if len(items) % n:
+        raise config_lib.ConfigError(f"{len(items)} tasks do not split over {n} processes")
+    size = len(items) // n
+    return items[p * size : (p + 1) * size]
+
+
+def _gathered(batch: episodes.EpisodeBatch) -> episodes.EpisodeBatch:
+    """Every process's episodes, in process order, on every process."""
+    parts = distributed.allgather_objects(batch)
+    if len(parts) == 1:
+        return batch
+    return episodes.EpisodeBatch(
+        task_ids=[t for p in parts for t in p.task_ids],
+        sequences=[q for p in parts for q in p.sequences],
+        results=batch_results([e for p in parts for e in p.results.episodes]),
+        num_calls=np.concatenate([p.num_calls for p in parts]),
+        stop_reasons=[r for p in parts for r in p.stop_reasons],
+        timings={k: max(p.timings[k] for p in parts) for k in batch.timings},
+    )
+
+
+def eval_task_ids(source: TaskSource, limit: int) -> list[str]:
+    """The evaluation split, or its first limit tasks taken round-robin over categories."""
+    ids = source.split_ids("eval")
+    if not limit:
+        return ids
+    by_category = [[i for i in ids if source.category_of(i) == c] for c in source.categories]
+    mixed = [i for group in zip(*by_category) for i in group]
+    return mixed[:limit]
+
+
+def evaluate(run: Run, params: Any, step: int) -> dict:
+    """Greedy episodes on the evaluation split with the plain interface; per-category accuracy."""
+    ids = eval_task_ids(run.source, run.config.train.eval_limit)
+    _set_engine_params(run.eval_engine, params, run)
+    t0 = time.perf_counter()
+    local = []
+    with _pool(run, "official") as pool:
+        size = run.config.train.eval_batch_tasks
+        mine = ids[jax.process_index() :: jax.process_count()]
+        for start in range(0, len(mine), size):
+            chunk = mine[start : start + size]
+            out = episodes.run_episodes(run.eval_engine, run.chat, pool, chunk, 1, seed=step)
+            local += [
+                (t, bool(r.success), r.turn_tags) for t, r in zip(chunk, out.results.episodes)
+            ]
+    results = [x for part in distributed.allgather_objects(local) for x in part]
+    successes: dict[str, list[bool]] = {}
+    tags: dict[str, int] = {}
+    for task_id, success, turn_tags in results:
+        successes.setdefault(run.source.category_of(task_id), []).append(success)
+        for tag in turn_tags:
+            tags[tag] = tags.get(tag, 0) + 1
+    accuracy = {c: float(np.mean(successes[c])) for c in run.source.categories if c in successes}
+    metrics = {
+        "accuracy": accuracy,
+        "mean": float(np.mean(list(accuracy.values()))),
+        "tags": tags,
+        "num_tasks": len(results),
+        "seconds": time.perf_counter() - t0,
+    }
+    logging.info("eval at step %d: mean %.4f %s", step, metrics["mean"], accuracy)
+    return metrics
+
+
+def _rollout_metrics(batch: episodes.EpisodeBatch, source: TaskSource) -> dict:
+    """Rewards, success per category, tag fractions, format-error and empty-reply rates."""
+    res = batch.results
+    per_cat: dict[str, list[float]] = {}
+    for task_id, reward in zip(batch.task_ids, res.rewards):
+        per_cat.setdefault(source.category_of(task_id), []).append(float(reward))
+    all_tags = [t for tags in res.turn_tags for t in tags]
+    kinds = [k for ep in res.episodes for turn in ep.turn_error_kinds for k in turn]
+    replies = [m for ep in res.episodes for m in ep.transcript if m["role"] == "assistant"]
+    tokens = sum(int(s.loss_mask.sum()) for s in batch.sequences)
+    return {
+        "reward_mean": float(np.mean(res.rewards)),
+        "success": {c: float(np.mean(v)) for c, v in per_cat.items()},
+        "tag_fraction": {t: all_tags.count(t) / max(len(all_tags), 1) for t in set(all_tags)},
+        "format_error_rate": kinds.count("unparseable") / max(len(replies), 1),
+        "empty_reply_rate": sum(not m["content"].strip() for m in replies) / max(len(replies), 1),
+        "calls_per_episode": float(np.mean(batch.num_calls)),
+        "context_limit_fraction": batch.stop_reasons.count(rollout.CONTEXT_LIMIT)
+        / len(batch.stop_reasons),
+        "tokens_generated": tokens,
+    }
+
+
+def _update(run: Run, state: State, batch: dict[str, np.ndarray]) -> dict:
+    """PPO epochs over mini-batches (optimizer steps) of micro-batches (accumulated)."""
+    cfg = run.config
+    rows = cfg.train.mini_batch_tasks * cfg.rl.group_size
+    micro = []
+    keys = [k for k in batch if k != "sampler_logprobs"]
+    for _ in range(cfg.train.ppo_epochs):
+        for start in range(0, len(batch["input_ids"]), rows):
+            mini = {k: batch[k][start : start + rows] for k in keys}
+            for part in train_step.split_micro_batches(mini, cfg.optim.grad_accum, cfg.rl.loss_agg):
+                with jax.set_mesh(run.model.mesh):
+                    state.params, state.opt_state, m = run.step_fn(
+                        state.params, state.opt_state, _put(run, part)
+                    )
+                micro.append({k: distributed.to_host(v) for k, v in m.items()})
+    return {k: float(np.mean([m[k] for m in micro])) for k in micro[0]}
+
+
+def train_one_step(run: Run, state: State, pool: EnvPool, ref_params: Any) -> dict:
+    """Runs step `state.step` of SEAL and advances the state; returns the step's metrics."""
+    cfg, t_start = run.config, time.perf_counter()
+    if state.step and state.step % steps_per_epoch(cfg, run.source) == 0:
+        state.weighting.end_epoch()
+    task_ids = step_tasks(cfg, run.source, state.step)
+    _set_engine_params(run.train_engine, state.params, run)
+    local = episodes.run_episodes(
+        run.train_engine,
+        run.chat,
+        pool,
+        _host_share(task_ids),
+        cfg.rl.group_size,
+        seed=(cfg.seed * 1_000_003 + state.step) * 1024 + jax.process_index(),
+        renderer=state.interface.renderer(),
+    )
+    out = _gathered(local)
+    res = out.results
+    for tags, reward, causes in zip(res.turn_tags, res.rewards, res.turn_causes):
+        state.weighting.add_episode(tags, float(reward), [c for turn in causes for c in turn])
+    state.weighting.update()
+    state.interface.update(res.episodes, state.weighting.tag_stats)
+
+    group_ids = np.repeat(np.arange(len(task_ids)), cfg.rl.group_size)
+    advantages = np.asarray(
+        rl.grpo_advantages(
+            res.rewards, group_ids, eps=cfg.rl.adv_eps, std_normalize=cfg.rl.adv_std_normalize
+        )
+    )
+    causes = [[c for turn in ep for c in turn] for ep in res.turn_causes]
+    weights = state.weighting.weights(res.turn_tags, advantages, causes)
+    batch = trajectories.training_batch(
+        out.sequences, rl.weighted_advantages(advantages, weights), cfg.train.length_bucket
+    )
+    t_update = time.perf_counter()
+    batch["old_logprobs"] = _forward_logprobs(run, state.params, batch)
+    if cfg.rl.kl_coef > 0:
+        batch["ref_logprobs"] = _forward_logprobs(run, ref_params, batch)
+    loss_tokens = batch["loss_mask"]
+    gap = np.abs(batch["old_logprobs"] - batch["sampler_logprobs"])[loss_tokens]
+    update = _update(run, state, batch)
+    state.step += 1
+    t_end = time.perf_counter()
+    tokens = int(loss_tokens.sum())
+    return {
+        "rollout": _rollout_metrics(out, run.source),
+        "weights": weight_metrics(np.asarray(weights)),
+        "utilities": state.weighting.metrics(),
+        "interface": {**state.interface.log_record(), **state.interface.metrics()},
+        "zero_adv_group_fraction": float(rl.zero_advantage_group_fraction(res.rewards, group_ids)),
+        "logprob_gap_sampler_vs_recomputed": float(gap.mean()) if gap.size else 0.0,
+        "loss": update,
+        "time": {
+            **out.timings,
+            "update_s": t_end - t_update,
+            "step_s": t_end - t_start,
+            "generated_tokens_per_s": tokens / max(out.timings["generate_s"], 1e-9),
+        },
+    }
+
+
+def _fresh_state(run: Run) -> State:
+    with jax.set_mesh(run.model.mesh):
+        opt_state = jax.jit(run.optimizer.init, out_shardings=run.opt_state_shardings)(
+            run.model.params
+        )
+    return State(
+        0,
+        run.model.params,
+        opt_state,
+        DiagnosisWeighting(run.config.weighting),
+        LearningInterface(run.config.interface),
+    )
+
+
+def restore_or_init(run: Run, checkpointer: Checkpointer) -> tuple[State, bool]:
+    """The state of the newest checkpoint in the work directory, or a fresh one."""
+    state = _fresh_state(run)
+    step = checkpointer.latest_step()
+    if step is None:
+        return state, False
+    params, opt_state, host = checkpointer.restore(step, state.params, state.opt_state)
+    weighting = DiagnosisWeighting.from_dict(run.config.weighting, host["weighting"])
+    interface = LearningInterface.from_dict(run.config.interface, host["interface"])
+    logging.info("resumed from %s at step %d", checkpointer.directory, host["step"])
+    restored = State(host["step"], params, opt_state, weighting, interface, host["best_metric"])
+    restored.last_eval = host["last_eval"]
+    return restored, True
+
+
+def _save(checkpointer: Checkpointer, state: State, evaluated: bool) -> None:
+    metric = state.last_eval.get("mean", float("-inf")) if evaluated else float("-inf")
+    checkpointer.save(state.step, state.params, state.opt_state, state.host_dict(), metric)
+
+
+def train(config: Any, model: LoadedModel, workdir: str) -> State:
+    """Runs (or resumes) SEAL training in workdir; returns the final state."""
+    run = build(config, model, workdir)
+    checkpointer = Checkpointer(workdir, keep=config.train.keep_checkpoints)
+    writer = MetricsWriter(workdir)
+    state, resumed = restore_or_init(run, checkpointer)
+    # The frozen reference is the initial policy (a copy: the update donates its inputs).
+    ref_params = jax.tree.map(jnp.copy, model.params) if config.rl.kl_coef > 0 else None
+    last = total_steps(config, run.source)
+    if not resumed:
+        state.last_eval = evaluate(run, state.params, 0)
+        writer.write(0, {"eval": state.last_eval})
+    t0, first = time.perf_counter(), state.step
+    with _pool(run, config.env.train_mode) as pool:
+        while state.step < last:
+            metrics = train_one_step(run, state, pool, ref_params)
+            evaluated = state.step % config.train.eval_every == 0 or state.step == last
+            if evaluated:
+                state.last_eval = evaluate(run, state.params, state.step)
+                state.best_metric = max(state.best_metric, state.last_eval["mean"])
+                metrics["eval"] = state.last_eval
+            writer.write(state.step, metrics)
+            rate = (time.perf_counter() - t0) / (state.step - first)
+            logging.info(
+                "step %d/%d reward %.3f loss %.4f | %.1fs/step, ETA %.0fs",
+                state.step,
+                last,
+                metrics["rollout"]["reward_mean"],
+                metrics["loss"]["loss"],
+                rate,
+                rate * (last - state.step),
+            )
+            if evaluated or state.step % config.train.checkpoint_every == 0:
+                _save(checkpointer, state, evaluated)
+    checkpointer.close()
+    writer.close()
+    logging.info("process %d: parameter checksum %s", jax.process_index(), checksum(state.params))
+    return state
+
+
+def checksum(params: Any) -> str:
+    """A digest of the parameter values (compare runs, resumes and processes at a glance)."""
+    digest = hashlib.sha256()
+    for leaf in jax.tree.leaves(params):
+        digest.update(np.ascontiguousarray(distributed.to_host(leaf)).tobytes())
+    return digest.hexdigest()[:16]
