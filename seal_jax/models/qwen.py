@@ -11,7 +11,13 @@ is a real token, so left padding, right padding and padding in the middle of a c
 
 KV cache (see `init_cache`): `{"k", "v": [L, B, S, KVH, D], "mask": [B, S] bool, "index": int32}`.
 A call with a cache writes its T new tokens at slots `index .. index + T - 1` (same for every row)
-and advances `index`; queries attend to every valid cached slot at or before their own.
+and advances `index`; queries attend to every valid cached slot before `index` and, causally, to
+the call's own real tokens.
+
+Per-row write pointers (decoding, `init_cache(..., per_row=True)`): `index` is int32 [B] and row b
+writes its T tokens at slots `index[b] ..` (writes past the end are dropped) and advances by its
+number of real tokens, so chunks must be right-padded. Then a row's slot equals its token count and
+the cache needs no more slots than the longest row, however ragged the rows are.
 """
 
 from __future__ import annotations
@@ -60,18 +66,52 @@ def apply_rope(x: jax.Array, cos: jax.Array, sin: jax.Array) -> jax.Array:
     return x * cos + rotated * sin
 
 
-def attention(q: jax.Array, k: jax.Array, v: jax.Array, visible: jax.Array) -> jax.Array:
-    """Grouped-query attention: q [B,T,H,D], k/v [B,S,KVH,D], visible [B,T,S] -> [B,T,H,D]."""
+def attention(
+    q: jax.Array,
+    k: jax.Array,
+    v: jax.Array,
+    visible: jax.Array,
+    extra: tuple[jax.Array, jax.Array, jax.Array] | None = None,
+) -> jax.Array:
+    """Grouped-query attention: q [B,T,H,D], k/v [B,S,KVH,D], visible [B,T,S] -> [B,T,H,D].
+
+    extra: a second (k, v, visible) block softmaxed jointly with the first. A cached call passes
+    the cache as the first block and its own new keys as the second, so the cache is only read
+    (never copied to splice the new keys in).
+    """
     b, t, h, d = q.shape
     kvh = k.shape[2]
     q = q.reshape(b, t, kvh, h // kvh, d)
-    scores = jnp.einsum("btkgd,bskd->bkgts", q, k, preferred_element_type=jnp.float32)
-    scores = scores * (d**-0.5)
-    # A finite minimum (not -inf) keeps fully masked padding rows finite; their output is unused.
-    scores = jnp.where(visible[:, None, None], scores, jnp.finfo(jnp.float32).min)
-    probs = jax.nn.softmax(scores, axis=-1).astype(v.dtype)
-    out = jnp.einsum("bkgts,bskd->btkgd", probs, v)
+    blocks = [(k, v, visible)] + ([extra] if extra is not None else [])
+    scores = []
+    for k_i, _, visible_i in blocks:
+        s_i = jnp.einsum("btkgd,bskd->bkgts", q, k_i, preferred_element_type=jnp.float32)
+        # A finite minimum (not -inf) keeps fully masked padding rows finite; output unused.
+        scores.append(
+            jnp.where(visible_i[:, None, None], s_i * (d**-0.5), jnp.finfo(jnp.float32).min)
+        )
+    probs = jax.nn.softmax(jnp.concatenate(scores, axis=-1), axis=-1).astype(v.dtype)
+    out, start = 0, 0
+    for k_i, v_i, _ in blocks:
+        p_i = probs[..., start : start + k_i.shape[1]]
+        out = out + jnp.einsum("bkgts,bskd->btkgd", p_i, v_i)
+        start += k_i.shape[1]
     return out.reshape(b, t, h, d)
+
+
+def write_cache(buf: jax.Array, new: jax.Array, index: jax.Array, axis: int = 0) -> jax.Array:
+    """Writes new into buf at slot `index` (scalar) or `index[b]` per row.
+
+    buf is [..., B, S, ...] with the batch at `axis`; new has T slots in place of S. Per-row
+    writes that fall past the end of the buffer are dropped (only padding can be there).
+    """
+    if index.ndim == 0:
+        start = [0] * buf.ndim
+        start[axis + 1] = index
+        return jax.lax.dynamic_update_slice(buf, new, tuple(start))
+    rows = jnp.arange(buf.shape[axis])[:, None]
+    slots = index[:, None] + jnp.arange(new.shape[axis + 1])
+    return buf.at[(slice(None),) * axis + (rows, slots)].set(new, mode="drop")
 
 
 def _dense(features: int, name: str, dtype: Any, param_dtype: Any, bias: bool = False) -> nn.Dense:
@@ -103,11 +143,12 @@ class SelfAttention(nn.Module):
         q = apply_rope(q, ctx["cos"], ctx["sin"])
         k = apply_rope(k, ctx["cos"], ctx["sin"])
         if layer_cache is not None:
-            index = ctx["index"]
-            k_all = jax.lax.dynamic_update_slice(layer_cache[0], k.astype(dt), (0, index, 0, 0))
-            v_all = jax.lax.dynamic_update_slice(layer_cache[1], v.astype(dt), (0, index, 0, 0))
-            out = attention(q, k_all, v_all, ctx["visible"])
-            new_cache = (k_all, v_all)
+            # The new keys are returned, not written here: the caller writes all layers' keys at
+            # once, in place, instead of copying every layer's cache slice through the scan.
+            k, v = k.astype(dt), v.astype(dt)
+            new = (k, v, ctx["visible_new"])
+            out = attention(q, layer_cache[0], layer_cache[1], ctx["visible"], new)
+            new_cache = (k, v)
         else:
             out = attention(q, k, v, ctx["visible"])
             new_cache = None
@@ -203,23 +244,30 @@ class Qwen(nn.Module):
         t = input_ids.shape[1]
         cos, sin = rope_tables(positions, self.cfg.head_dim, self.cfg.rope_theta)
         mask = mask.astype(bool)
+        causal = jnp.arange(t)[None, :] <= jnp.arange(t)[:, None]
+        visible_new = causal[None] & mask[:, None, :]
         if cache is None:
-            q_slot = k_slot = jnp.arange(t)
-            key_valid = mask
-            layer_cache, index = None, None
+            ctx = {"cos": cos, "sin": sin, "visible": visible_new}
+            layer_cache = None
         else:
+            # Cached slots from the write position on are being overwritten by this call.
             index = cache["index"]
-            q_slot, k_slot = index + jnp.arange(t), jnp.arange(cache["mask"].shape[1])
-            key_valid = jax.lax.dynamic_update_slice(cache["mask"], mask, (0, index))
+            slot = jnp.arange(cache["mask"].shape[1])
+            visible = (cache["mask"] & (slot < index[..., None]))[:, None, :]
+            ctx = {"cos": cos, "sin": sin, "visible": visible, "visible_new": visible_new}
             layer_cache = (cache["k"], cache["v"])
-        visible = (k_slot[None, :] <= q_slot[:, None])[None] & key_valid[:, None, :]
-        ctx = {"cos": cos, "sin": sin, "visible": visible, "index": index}
         x = self.embed_tokens(input_ids)
         x, new_layer_cache = self.layers(x, layer_cache, ctx)
         new_cache = None
         if cache is not None:
-            k, v = new_layer_cache
-            new_cache = {"k": k, "v": v, "mask": key_valid, "index": index + t}
+            k, v = (write_cache(c, n, index, axis=1) for c, n in zip(layer_cache, new_layer_cache))
+            advance = t if index.ndim == 0 else jnp.sum(mask, axis=1, dtype=jnp.int32)
+            new_cache = {
+                "k": k,
+                "v": v,
+                "mask": write_cache(cache["mask"], mask, index),
+                "index": index + advance,
+            }
         return self.norm(x), new_cache
 
     def output_embedding(self) -> jax.Array:
@@ -287,14 +335,19 @@ def chunked_token_logprobs(
     return logp, (ent if with_entropy else None)
 
 
-def init_cache(cfg: QwenConfig, batch: int, length: int, dtype: Any = jnp.float32) -> Cache:
-    """An empty KV cache for `batch` rows and `length` slots (nothing valid, index 0)."""
+def init_cache(
+    cfg: QwenConfig, batch: int, length: int, dtype: Any = jnp.float32, per_row: bool = False
+) -> Cache:
+    """An empty KV cache for `batch` rows and `length` slots (nothing valid, index 0).
+
+    per_row: give every row its own write pointer (`index` int32 [B]; see the module docstring).
+    """
     shape = (cfg.num_layers, batch, length, cfg.num_kv_heads, cfg.head_dim)
     return {
         "k": jnp.zeros(shape, dtype),
         "v": jnp.zeros(shape, dtype),
         "mask": jnp.zeros((batch, length), bool),
-        "index": jnp.zeros((), jnp.int32),
+        "index": jnp.zeros((batch,) if per_row else (), jnp.int32),
     }
 
 

@@ -1,0 +1,628 @@
+"""Rollout engine: batched multi-turn generation with a live KV cache, token-in / token-out.
+
+Use:
+
+    engine = RolloutEngine(params, cfg, mesh, EngineConfig(context_limit=16384, max_new_tokens=4096,
+                                                           stop_ids=chat.stop_ids))
+    rollout = engine.start(prompt_ids, num_samples=8, seed=step)   # rows = len(prompts) * 8
+    turns = rollout.generate()                     # every row samples its first reply
+    while ...:                                     # the episode driver parses `turns`
+        turns = rollout.generate({row: env_ids for the rows that continue})   # others end
+    episodes = rollout.episodes()                  # per row: ids, loss mask, log-probs, reason
+
+Row r belongs to prompt r // num_samples. Environment ids are appended as given (render them once
+with `seal_jax.chat.ChatFormat`); the finished sequence of a row is exactly prompt ids + sampled ids
++ environment ids in order, and the loss mask is 1 on the sampled ids only.
+
+Device side (jit, one compiled program per bucket shape, counted and logged):
+  * Cache: the model's KV cache with a per-row write pointer (`init_cache(per_row=True)`), so a
+    row's slot equals its token position and rows of any raggedness share one cache of
+    `cache_len` slots: the smallest power of two (capped at the context limit) holding the longest
+    live row plus its turn budget. It grows between turns, never during one.
+  * Prefill: right-padded pieces of at most `prefill_chunk` tokens (power-of-two widths), which
+    bounds attention memory for long prompts. Only tokens not yet in the cache are prefilled: a
+    new turn costs its environment tokens, never the history.
+  * Decode: a `lax.while_loop` over single tokens with the cache donated, run in segments of at
+    most `decode_segment` tokens; it exits as soon as every row hit a stop id, its budget or the
+    context limit. A row's last sampled token is kept out of the cache ("pending") and prefilled
+    with whatever comes next (environment ids, or nothing at a segment boundary), so no forward
+    pass is spent on a token whose logits nobody needs.
+  * Finished rows stop costing: batch buckets are powers of two (multiples of the batch-sharded
+    device count). When the rows still decoding fit a smaller bucket, at a segment boundary, they
+    move to a compact cache and the rows done with this turn are parked in another (they keep
+    their history for the next turn); each turn starts from one cache holding only the rows that
+    continue. The G samples of a prompt share one prefill: each prompt is prefilled once and its
+    cache row is copied to its G rows.
+  * Sharding: batch rows over the mesh's (data, fsdp) axes, KV heads over `tensor`, parameters as
+    loaded (the training layout, so no resharding between rollouts and updates).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from absl import logging
+from jax.sharding import Mesh, NamedSharding
+from jax.sharding import PartitionSpec as P
+
+from seal_jax.models.config import QwenConfig
+from seal_jax.models.qwen import Qwen, init_cache
+from seal_jax.sampler import SamplingParams, sample
+from seal_jax.sharding import BATCH_AXES
+
+STOP = "stop"  # sampled one of the row's stop ids (the stop id is part of the reply)
+MAX_NEW_TOKENS = "max_new_tokens"  # the turn used its token budget
+CONTEXT_LIMIT = (
+    "context_limit"  # the row reached the context limit (or its next input would not fit)
+)
+
+
+@dataclasses.dataclass(frozen=True)
+class EngineConfig:
+    """Static settings of a rollout engine.
+
+    Attributes:
+      context_limit: most tokens a row may hold (prompt + all turns + environment text).
+      max_new_tokens: most tokens sampled in one turn (also the decode output buffer width).
+      stop_ids: ids that end a turn (e.g. <|im_end|> and <|endoftext|>); overridable per prompt.
+      sampling: the sampling rule.
+      prefill_chunk: most tokens prefilled per row in one call (a power of two).
+      decode_segment: most tokens decoded per compiled loop; rows that finished their turn are
+        dropped from the batch between segments when that halves it.
+      min_cache_len: smallest cache bucket.
+      cache_dtype: dtype of cached keys and values (default: the compute dtype).
+    """
+
+    context_limit: int
+    max_new_tokens: int
+    stop_ids: tuple[int, ...]
+    sampling: SamplingParams = SamplingParams()
+    prefill_chunk: int = 512
+    decode_segment: int = 256
+    min_cache_len: int = 256
+    cache_dtype: Any = None
+
+    def __post_init__(self) -> None:
+        if not 0 < self.max_new_tokens < self.context_limit:
+            raise ValueError(
+                f"need 0 < max_new_tokens ({self.max_new_tokens}) < context_limit "
+                f"({self.context_limit})"
+            )
+        if self.prefill_chunk < 1 or self.prefill_chunk & (self.prefill_chunk - 1):
+            raise ValueError(f"prefill_chunk must be a power of two, got {self.prefill_chunk}")
+        if self.decode_segment < 1:
+            raise ValueError(f"decode_segment must be >= 1, got {self.decode_segment}")
+
+
+@dataclasses.dataclass
+class Turn:
+    """One reply of one row: the sampled ids, their log-probs and why sampling stopped.
+
+    `ids` is empty when the row was stopped at the context limit before it could sample.
+    """
+
+    ids: list[int]
+    logprobs: np.ndarray  # float32 [n], under the sampling distribution used
+    raw_logprobs: np.ndarray  # float32 [n], under the untempered model distribution
+    stop_reason: str
+
+
+@dataclasses.dataclass
+class Episode:
+    """The finished token sequence of one row, as training consumes it.
+
+    Attributes:
+      token_ids: int32 [N] prompt ids, then sampled and environment ids in the order they came.
+      loss_mask: bool [N], True exactly on ids the model sampled.
+      logprobs: float32 [N] sampler log-probs on sampled ids (0 elsewhere).
+      raw_logprobs: float32 [N] untempered model log-probs on sampled ids (0 elsewhere).
+      prompt_len: number of prompt ids at the start.
+      num_turns: replies generated.
+      stop_reason: why the last turn stopped (STOP, MAX_NEW_TOKENS or CONTEXT_LIMIT).
+    """
+
+    token_ids: np.ndarray
+    loss_mask: np.ndarray
+    logprobs: np.ndarray
+    raw_logprobs: np.ndarray
+    prompt_len: int
+    num_turns: int
+    stop_reason: str
+
+
+def _pow2_at_least(n: int, minimum: int = 1) -> int:
+    return 1 << max(int(n) - 1, minimum - 1, 0).bit_length()
+
+
+class RolloutEngine:
+    """Compiled prefill / decode programs for one model on one mesh, shared by all rollouts.
+
+    `params` is an argument of every compiled call, so the attribute may be replaced between
+    rollouts (new policy weights) without recompiling, as long as shapes and shardings match.
+    """
+
+    def __init__(
+        self,
+        params: Any,
+        cfg: QwenConfig,
+        mesh: Mesh,
+        config: EngineConfig,
+        compute_dtype: Any = jnp.float32,
+    ) -> None:
+        """Args: parameters (sharded on `mesh`), the architecture, the mesh, the settings, and
+        the dtype of activations and matmuls."""
+        self.params, self.cfg, self.mesh, self.config = params, cfg, mesh, config
+        self.compute_dtype = compute_dtype
+        self.cache_dtype = config.cache_dtype or compute_dtype
+        self.batch_shards = int(np.prod([mesh.shape[a] for a in BATCH_AXES]))
+        kv_axis = "tensor" if cfg.num_kv_heads % mesh.shape["tensor"] == 0 else None
+        self._cache_sharding = {
+            "k": NamedSharding(mesh, P(None, BATCH_AXES, None, kv_axis, None)),
+            "v": NamedSharding(mesh, P(None, BATCH_AXES, None, kv_axis, None)),
+            "mask": NamedSharding(mesh, P(BATCH_AXES, None)),
+            "index": NamedSharding(mesh, P(BATCH_AXES)),
+        }
+        self._rows_2d = NamedSharding(mesh, P(BATCH_AXES, None))
+        self._rows_1d = NamedSharding(mesh, P(BATCH_AXES))
+        cache_out = self._cache_sharding
+        self._fns = {
+            "new_cache": jax.jit(self._new_cache, static_argnums=(0, 1), out_shardings=cache_out),
+            "prefill": jax.jit(
+                self._prefill, donate_argnums=(1, 2), out_shardings=(cache_out, self._rows_2d)
+            ),
+            "decode": jax.jit(self._decode, donate_argnums=(1,), out_shardings=(cache_out, None)),
+            "relayout": jax.jit(self._relayout, static_argnums=(2,), out_shardings=cache_out),
+        }
+
+    # ---- host API --------------------------------------------------------------------------
+
+    def start(
+        self,
+        prompts: Sequence[Sequence[int]],
+        num_samples: int = 1,
+        seed: int = 0,
+        stop_ids: Sequence[Sequence[int]] | None = None,
+    ) -> Rollout:
+        """Opens a rollout of len(prompts) * num_samples rows (row r samples prompt r // G).
+
+        Args:
+          prompts: token ids of each prompt (e.g. `ChatFormat.prompt_ids`).
+          num_samples: G, rows per prompt; they share the prompt's prefill.
+          seed: sampling seed; row r uses fold_in(key(seed), r).
+          stop_ids: per prompt, the ids that end a turn (default: `config.stop_ids`).
+
+        Raises:
+          ValueError: an empty prompt, or one that leaves no room for a reply in the context.
+        """
+        limit = self.config.context_limit
+        for i, p in enumerate(prompts):
+            if not 0 < len(p) < limit:
+                raise ValueError(
+                    f"prompt {i} has {len(p)} tokens; it must have between 1 and "
+                    f"{limit - 1} (context_limit {limit} minus one for the reply)"
+                )
+        if num_samples < 1 or not prompts:
+            raise ValueError(f"need at least one prompt and num_samples >= 1, got {num_samples}")
+        if stop_ids is not None and len(stop_ids) != len(prompts):
+            raise ValueError(f"stop_ids has {len(stop_ids)} entries for {len(prompts)} prompts")
+        return Rollout(self, [list(map(int, p)) for p in prompts], num_samples, seed, stop_ids)
+
+    def compile_counts(self) -> dict[str, int]:
+        """How many programs each jitted function has compiled so far (bounded by the buckets)."""
+        return {name: fn._cache_size() for name, fn in self._fns.items()}
+
+    def call(self, name: str, *args: Any) -> Any:
+        """Runs one jitted function on the mesh and logs when it had to compile a new shape."""
+        fn = self._fns[name]
+        before = fn._cache_size()
+        with jax.set_mesh(self.mesh):
+            out = fn(*args)
+        if fn._cache_size() > before:
+            shapes = jax.tree_util.tree_map(
+                lambda x: getattr(x, "shape", x), [a for a in args if a is not self.params]
+            )
+            logging.info("rollout: compiled %s #%d for %s", name, fn._cache_size(), shapes)
+        return out
+
+    def cache_len(self, tokens_needed: int) -> int:
+        """Cache bucket holding `tokens_needed` tokens per row."""
+        size = _pow2_at_least(tokens_needed, self.config.min_cache_len)
+        return min(size, self.config.context_limit)
+
+    def batch_bucket(self, rows: int) -> int:
+        """Batch bucket for `rows` rows: a power of two, a multiple of the batch shards."""
+        return -(-_pow2_at_least(rows) // self.batch_shards) * self.batch_shards
+
+    @property
+    def segment_len(self) -> int:
+        """Tokens decoded per compiled loop at most (the width of its output buffers)."""
+        return min(self.config.max_new_tokens, self.config.decode_segment)
+
+    def put_rows(self, x: Any) -> jax.Array:
+        """Places an array whose leading dim is batch rows with the batch sharding."""
+        return jax.device_put(x, self._rows_2d if x.ndim == 2 else self._rows_1d)
+
+    # ---- device programs ---------------------------------------------------------------------
+
+    def _model(self) -> Qwen:
+        return Qwen(self.cfg, dtype=self.compute_dtype)
+
+    def _new_cache(self, batch: int, length: int) -> dict[str, jax.Array]:
+        return init_cache(self.cfg, batch, length, self.cache_dtype, per_row=True)
+
+    def _prefill(
+        self,
+        params: Any,
+        cache: dict[str, jax.Array],
+        logits: jax.Array,
+        ids: jax.Array,
+        lengths: jax.Array,
+    ) -> tuple[dict[str, jax.Array], jax.Array]:
+        """Appends right-padded ids [B, T] (lengths [B]) to the cache; returns the cache and the
+        next-token logits [B, V] after each row's last new token (unchanged where lengths == 0)."""
+        model = self._model()
+        t = ids.shape[1]
+        positions = cache["index"][:, None] + jnp.arange(t)
+        mask = jnp.arange(t) < lengths[:, None]
+        hidden, cache = model.apply({"params": params}, ids, positions, mask, cache)
+        last = jnp.take_along_axis(hidden, jnp.maximum(lengths - 1, 0)[:, None, None], axis=1)
+        w = model.apply({"params": params}, method="output_embedding").astype(self.compute_dtype)
+        new = jnp.einsum("be,ev->bv", last[:, 0], w, preferred_element_type=jnp.float32)
+        return cache, jnp.where(lengths[:, None] > 0, new, logits)
+
+    def _decode(
+        self,
+        params: Any,
+        cache: dict[str, jax.Array],
+        logits: jax.Array,
+        keys: jax.Array,
+        budget: jax.Array,
+        stop_ids: jax.Array,
+    ) -> tuple[dict[str, jax.Array], dict[str, jax.Array]]:
+        """Samples up to min(budget[b], M) tokens per row (0: row idle) until a stop id in
+        stop_ids[b]; M = segment_len.
+
+        Returns the cache (all sampled tokens but each row's last are written) and
+        {"ids", "logprobs", "raw_logprobs": [B, M], "count": [B]}.
+        """
+        model, sampling = self._model(), self.config.sampling
+        b, m = logits.shape[0], self.segment_len
+        out = {
+            "ids": jnp.zeros((b, m), jnp.int32),
+            "logprobs": jnp.zeros((b, m), jnp.float32),
+            "raw_logprobs": jnp.zeros((b, m), jnp.float32),
+            "count": jnp.zeros((b,), jnp.int32),
+        }
+
+        def pick(state: dict, logits: jax.Array) -> dict:
+            live, step = ~state["done"], state["step"]
+            tok, lp, raw = sample(logits, keys, state["cache"]["index"], sampling)
+            tok = jnp.where(live, tok, 0)
+            o = state["out"]
+            o = {
+                "ids": o["ids"].at[:, step].set(tok),
+                "logprobs": o["logprobs"].at[:, step].set(jnp.where(live, lp, 0.0)),
+                "raw_logprobs": o["raw_logprobs"].at[:, step].set(jnp.where(live, raw, 0.0)),
+                "count": o["count"] + live,
+            }
+            stopped = jnp.any(tok[:, None] == stop_ids, axis=1) | (o["count"] >= budget)
+            done = state["done"] | (live & stopped)
+            return {**state, "tok": tok, "out": o, "done": done, "step": step + 1}
+
+        def step(state: dict) -> dict:
+            feed = ~state["done"]
+            index = state["cache"]["index"]
+            logits, cache = model.apply(
+                {"params": params},
+                state["tok"][:, None],
+                index[:, None],
+                feed[:, None],
+                state["cache"],
+                method="logits",
+            )
+            return pick({**state, "cache": cache}, logits[:, 0])
+
+        def going(state: dict) -> jax.Array:
+            return (state["step"] < m) & ~jnp.all(state["done"])
+
+        init = {
+            "cache": cache,
+            "tok": jnp.zeros((b,), jnp.int32),
+            "out": out,
+            "done": budget <= 0,
+            "step": jnp.zeros((), jnp.int32),
+        }
+        state = jax.lax.while_loop(going, step, pick(init, logits))
+        return state["cache"], state["out"]
+
+    def _relayout(
+        self, caches: tuple[dict[str, jax.Array], ...], rows: jax.Array, length: int
+    ) -> dict[str, jax.Array]:
+        """One cache made of batch rows `rows` [B'] of the caches laid end to end (repeats
+        allowed), padded to `length` slots."""
+
+        def gather(name: str, axis: int) -> jax.Array:
+            joined = jnp.concatenate([c[name] for c in caches], axis=axis)
+            x = jnp.take(joined, rows, axis=axis)
+            if name == "index":
+                return x
+            widths = [(0, 0)] * x.ndim
+            widths[axis + 1] = (0, length - x.shape[axis + 1])
+            return jnp.pad(x, widths)
+
+        return {"k": gather("k", 1), "v": gather("v", 1), "mask": gather("mask", 0),
+                "index": gather("index", 0)}  # fmt: skip
+
+
+@dataclasses.dataclass
+class _Row:
+    """Host bookkeeping of one row."""
+
+    tokens: list[int]
+    sampled: list[bool]
+    logprobs: list[float]
+    raw_logprobs: list[float]
+    prompt_len: int
+    stop_ids: list[int]
+    cached: int = 0  # tokens[:cached] are in the KV cache
+    num_turns: int = 0
+    stop_reason: str = ""
+    finished: bool = False
+
+    def append(self, ids: Sequence[int], sampled: bool, lp: Any = None, raw: Any = None) -> None:
+        self.tokens += list(map(int, ids))
+        self.sampled += [sampled] * len(ids)
+        self.logprobs += [0.0] * len(ids) if lp is None else list(map(float, lp))
+        self.raw_logprobs += [0.0] * len(ids) if raw is None else list(map(float, raw))
+
+
+class Rollout:
+    """A batch of live episodes on one engine; see the module docstring for the loop.
+
+    Attributes:
+      prompts: the prompt ids; row r samples prompts[r // num_samples].
+      num_samples: G, rows per prompt.
+      num_rows: len(prompts) * num_samples.
+    """
+
+    def __init__(
+        self,
+        engine: RolloutEngine,
+        prompts: list[list[int]],
+        num_samples: int,
+        seed: int,
+        stop_ids: Sequence[Sequence[int]] | None,
+    ) -> None:
+        """Built by `RolloutEngine.start`."""
+        self.engine, self.prompts, self.num_samples = engine, prompts, num_samples
+        self.num_rows = len(prompts) * num_samples
+        self._rows = []
+        for r in range(self.num_rows):
+            prompt = prompts[r // num_samples]
+            stops = engine.config.stop_ids if stop_ids is None else stop_ids[r // num_samples]
+            row = _Row([], [], [], [], len(prompt), list(stops))
+            row.append(prompt, sampled=False)
+            self._rows.append(row)
+        base = jax.random.key(seed)
+        self._row_keys = jax.vmap(functools.partial(jax.random.fold_in, base))(
+            jnp.arange(self.num_rows)
+        )
+        # The KV caches holding live rows: (cache, row held by each batch slot, -1 for none).
+        # One cache between turns; during a turn, rows done early may be parked in a second.
+        self._parts: list[tuple[dict[str, jax.Array], list[int]]] = []
+        self._started = False
+
+    # ---- public ------------------------------------------------------------------------------
+
+    def generate(
+        self,
+        env_ids: Mapping[int, Sequence[int]] | None = None,
+        max_new_tokens: int | Mapping[int, int] | None = None,
+    ) -> dict[int, Turn]:
+        """Runs one model turn.
+
+        Args:
+          env_ids: None on the first call (every row replies to its prompt). Later, for each row
+            that continues, the environment ids to append before its next reply (may be empty);
+            every live row not listed ends its episode. A row whose ids would leave no room for
+            a reply ends with CONTEXT_LIMIT and its ids are not appended.
+          max_new_tokens: this turn's budget, for all rows or per row (<= config.max_new_tokens).
+
+        Returns:
+          {row: Turn} for every row this call concerned (the continuing ones).
+        """
+        first_turn = not self._started
+        rows = self._rows_for_turn(env_ids)
+        turns, going = {}, []
+        for r in rows:
+            row = self._rows[r]
+            extra = env_ids[r] if env_ids is not None else []
+            if len(row.tokens) + len(extra) >= self.engine.config.context_limit:
+                row.finished, row.stop_reason = True, CONTEXT_LIMIT
+                turns[r] = Turn([], np.zeros(0, np.float32), np.zeros(0, np.float32), CONTEXT_LIMIT)
+                continue
+            row.append(extra, sampled=False)
+            going.append(r)
+        if not going:
+            self._parts = []
+            return turns
+        budgets = {r: self._budget(r, max_new_tokens) for r in going}
+        for r in going:
+            self._rows[r].stop_reason = ""  # "" while the turn goes on
+        start = {r: len(self._rows[r].tokens) for r in going}
+        length = self.engine.cache_len(max(start[r] + budgets[r] for r in going))
+        if first_turn:
+            self._prefill_prompts(length)
+        self._regroup(going, [], length)
+        active = going
+        while active:
+            if self.engine.batch_bucket(len(active)) < len(self._parts[0][1]):
+                self._regroup(active, [r for r in going if r not in active], length)
+            self._decode_segment({r: start[r] + budgets[r] for r in active})
+            active = [r for r in active if self._rows[r].stop_reason == ""]
+        for r in going:
+            row, n = self._rows[r], start[r]
+            lp, raw = (np.asarray(x[n:], np.float32) for x in (row.logprobs, row.raw_logprobs))
+            turns[r] = Turn(row.tokens[n:], lp, raw, row.stop_reason)
+        return turns
+
+    def episodes(self) -> list[Episode]:
+        """The token sequences of all rows (call when the driver is done; live rows included)."""
+        return [
+            Episode(
+                token_ids=np.asarray(row.tokens, np.int32),
+                loss_mask=np.asarray(row.sampled, bool),
+                logprobs=np.asarray(row.logprobs, np.float32),
+                raw_logprobs=np.asarray(row.raw_logprobs, np.float32),
+                prompt_len=row.prompt_len,
+                num_turns=row.num_turns,
+                stop_reason=row.stop_reason,
+            )
+            for row in self._rows
+        ]
+
+    def live_rows(self) -> list[int]:
+        """Rows whose episode can still continue."""
+        return [r for r, row in enumerate(self._rows) if not row.finished]
+
+    # ---- steps of a turn ---------------------------------------------------------------------
+
+    def _rows_for_turn(self, env_ids: Mapping[int, Sequence[int]] | None) -> list[int]:
+        """Validates env_ids, ends the live rows it leaves out, returns the continuing rows."""
+        first = not self._started
+        if first != (env_ids is None):
+            raise ValueError(
+                "pass env_ids=None on the first generate() call and a {row: ids} mapping after"
+            )
+        self._started = True
+        if first:
+            return list(range(self.num_rows))
+        bad = [r for r in env_ids if not 0 <= r < self.num_rows or self._rows[r].finished]
+        if bad:
+            raise ValueError(f"rows {bad} are not live rows of this rollout")
+        for r in self.live_rows():
+            if r not in env_ids:
+                self._rows[r].finished = True
+        return sorted(env_ids)
+
+    def _budget(self, r: int, max_new_tokens: int | Mapping[int, int] | None) -> int:
+        cap = self.engine.config.max_new_tokens
+        if isinstance(max_new_tokens, Mapping):
+            want = max_new_tokens.get(r, cap)
+        else:
+            want = cap if max_new_tokens is None else max_new_tokens
+        if not 0 < want <= cap:
+            raise ValueError(f"max_new_tokens {want} for row {r} must be in [1, {cap}]")
+        return min(want, self.engine.config.context_limit - len(self._rows[r].tokens))
+
+    def _prefill_prompts(self, length: int) -> None:
+        """Prefills each distinct prompt once, into the slot of its first row.
+
+        The last prompt token stays pending: each row prefills it itself, which gives the row its
+        first logits without carrying logits through the copy to G rows.
+        """
+        eng, g = self.engine, self.num_samples
+        batch = eng.batch_bucket(len(self.prompts))
+        cache = eng.call("new_cache", batch, length)
+        chunks = [p[:-1] for p in self.prompts] + [[]] * (batch - len(self.prompts))
+        cache, _ = self._run_prefill(cache, chunks)
+        slots = [p * g for p in range(len(self.prompts))]
+        self._parts = [(cache, slots + [-1] * (batch - len(slots)))]
+        for row in self._rows:
+            row.cached = row.prompt_len - 1
+
+    def _regroup(self, active: list[int], parked: list[int], length: int) -> None:
+        """Lays the caches out as [rows `active`] (+ [rows `parked`]), `length` slots each."""
+        parts, eng = self._parts, self.engine
+        if len(parts) == 1 and not parked and parts[0][0]["mask"].shape[1] == length:
+            batch = eng.batch_bucket(len(active))
+            if parts[0][1] == active + [-1] * (batch - len(active)):
+                return
+        offset, where = 0, {}
+        for _, slots in parts:
+            where.update({r: offset + i for i, r in enumerate(slots) if r >= 0})
+            offset += len(slots)
+        caches = tuple(c for c, _ in parts)
+        new_parts = []
+        for rows in (active, parked) if parked else (active,):
+            batch = eng.batch_bucket(len(rows))
+            # Before the first turn only each prompt's first row is in a cache (_prefill_prompts):
+            # its G siblings copy that row. Empty slots copy any row; they stay idle.
+            owner = [where[r] if r in where else where[r - r % self.num_samples] for r in rows]
+            owner += [0] * (batch - len(rows))
+            cache = eng.call("relayout", caches, jnp.asarray(owner, jnp.int32), length)
+            new_parts.append((cache, rows + [-1] * (batch - len(rows))))
+        self._parts = new_parts
+
+    def _run_prefill(
+        self, cache: dict[str, jax.Array], chunks: list[list[int]]
+    ) -> tuple[dict[str, jax.Array], jax.Array]:
+        """Appends each slot's chunk to the cache in right-padded pieces of at most
+        prefill_chunk tokens; returns the cache and each slot's next-token logits."""
+        eng, piece = self.engine, self.engine.config.prefill_chunk
+        logits = eng.put_rows(np.zeros((len(chunks), eng.cfg.vocab_size), np.float32))
+        for start in range(0, max(len(c) for c in chunks), piece):
+            parts = [c[start : start + piece] for c in chunks]
+            width = min(_pow2_at_least(max(map(len, parts))), piece)
+            ids = np.zeros((len(parts), width), np.int32)
+            for i, p in enumerate(parts):
+                ids[i, : len(p)] = p
+            lengths = np.asarray([len(p) for p in parts], np.int32)
+            cache, logits = eng.call(
+                "prefill", eng.params, cache, logits, eng.put_rows(ids), eng.put_rows(lengths)
+            )
+        return cache, logits
+
+    def _decode_segment(self, end: dict[int, int]) -> None:
+        """Prefills the active rows' pending tokens, decodes one segment and records it.
+
+        end: for each active row, the token count at which its turn's budget is used up.
+        """
+        eng = self.engine
+        cache, slots = self._parts[0]
+        rows = [self._rows[r] if r in end else None for r in slots]
+        cache, logits = self._run_prefill(
+            cache, [row.tokens[row.cached :] if row else [] for row in rows]
+        )
+        width = _pow2_at_least(max(len(row.stop_ids) for row in rows if row), 4)
+        stop = np.full((len(slots), width), -1, np.int32)
+        budget = np.zeros(len(slots), np.int32)
+        for i, (r, row) in enumerate(zip(slots, rows)):
+            if row:
+                stop[i, : len(row.stop_ids)] = row.stop_ids
+                budget[i] = end[r] - len(row.tokens)
+        keys = eng.put_rows(self._row_keys[np.maximum(np.asarray(slots), 0)])
+        cache, out = eng.call(
+            "decode", eng.params, cache, logits, keys, eng.put_rows(budget), eng.put_rows(stop)
+        )
+        self._parts[0] = (cache, slots)
+        out = jax.device_get(out)
+        for i, (r, row) in enumerate(zip(slots, rows)):
+            if row:
+                n = int(out["count"][i])
+                row.append(
+                    out["ids"][i, :n], True, out["logprobs"][i, :n], out["raw_logprobs"][i, :n]
+                )
+                row.cached = len(row.tokens) - 1  # the last sampled token is pending
+                row.stop_reason = self._end_turn_if_done(row, end[r])
+
+    def _end_turn_if_done(self, row: _Row, end: int) -> str:
+        """Why the row's turn ended (counting the turn; the context limit also ends the
+        episode), or "" while the turn goes on."""
+        if row.tokens[-1] in row.stop_ids:
+            reason = STOP
+        elif len(row.tokens) < end:
+            return ""
+        elif len(row.tokens) >= self.engine.config.context_limit:
+            reason = CONTEXT_LIMIT
+            row.finished = True
+        else:
+            reason = MAX_NEW_TOKENS
+        row.num_turns += 1
+        return reason

@@ -1,0 +1,224 @@
+"""The rollout engine against transformers (greedy generate, logits) and its own bookkeeping."""
+
+import jax
+import numpy as np
+import pytest
+import torch
+
+from seal_jax.models import forward_logits, init_cache, load_hf_checkpoint
+from seal_jax.rollout import CONTEXT_LIMIT, MAX_NEW_TOKENS, STOP, EngineConfig, RolloutEngine
+from seal_jax.sampler import SamplingParams, filtered_logits
+from tests import hf_models
+from tests.devices import run_with_devices
+
+PROMPT_LENGTHS = (5, 11, 3)
+
+
+def prompts(vocab, lengths=PROMPT_LENGTHS, seed=0):
+    rng = np.random.default_rng(seed)
+    return [rng.integers(0, vocab - 1, n).tolist() for n in lengths]
+
+
+GREEDY = SamplingParams("greedy")
+
+
+def engine(path, sampling=GREEDY, **overrides):
+    model = load_hf_checkpoint(path)
+    settings = dict(
+        context_limit=96,
+        max_new_tokens=10,
+        stop_ids=(model.config.vocab_size - 1,),
+        sampling=sampling,
+        prefill_chunk=8,
+        decode_segment=4,  # several segments per turn: compaction and parking get exercised
+        min_cache_len=16,
+    )
+    settings.update(overrides)
+    return RolloutEngine(model.params, model.config, model.mesh, EngineConfig(**settings))
+
+
+def hf_greedy(torch_model, prompt, n):
+    with torch.no_grad():
+        out = torch_model.generate(
+            torch.tensor([prompt]),
+            max_new_tokens=n,
+            do_sample=False,
+            eos_token_id=None,
+            pad_token_id=0,
+        )
+    return out[0, len(prompt) :].tolist()
+
+
+@pytest.mark.parametrize("variant", ["qwen2_tied", "qwen3"])
+def test_greedy_matches_transformers_generate(tiny_checkpoints, variant):
+    path, torch_model = tiny_checkpoints[variant]
+    ps = prompts(torch_model.config.vocab_size)
+    references = [hf_greedy(torch_model, p, 10) for p in ps]
+    # A stop id taken from the middle of row 0's reference: row 0 must stop right there.
+    stop = references[0][4]
+    first_stop = references[0].index(stop)
+    eng = engine(path, stop_ids=(stop,))
+    # Two samples per prompt share one prefill; greedy makes them identical to the reference.
+    turns = eng.start(ps, num_samples=2).generate()
+    for r, turn in turns.items():
+        ref = references[r // 2]
+        cut = ref.index(stop) + 1 if stop in ref else len(ref)
+        assert turn.ids == ref[:cut]
+        assert turn.stop_reason == (STOP if stop in ref else MAX_NEW_TOKENS)
+    assert turns[0].stop_reason == STOP and len(turns[0].ids) == first_stop + 1
+    counts = eng.compile_counts()
+    eng.start(prompts(torch_model.config.vocab_size, seed=1), num_samples=2).generate()
+    assert eng.compile_counts() == counts  # same buckets: nothing recompiled
+
+
+def multi_turn(eng, vocab, seed=0):
+    """Three turns; row 1 ends after the first, env messages of different lengths; rows 0 and 2
+    have short first replies, so rows 1 and 3 finish that turn in a compacted cache."""
+    rng = np.random.default_rng(seed)
+    rollout = eng.start(prompts(vocab, (6, 13)), num_samples=2, seed=seed)
+    log = {r: [] for r in range(4)}
+    for turn in range(3):
+        if turn == 0:
+            env = None
+        else:
+            live = [r for r in rollout.live_rows() if not (turn == 1 and r == 1)]
+            env = {r: rng.integers(0, vocab - 1, 3 + 7 * r).tolist() for r in live}
+            for r, ids in env.items():
+                log[r].append(("env", ids))
+        budget = {0: 2, 2: 3} if turn == 0 else None
+        for r, t in rollout.generate(env, max_new_tokens=budget).items():
+            log[r].append(("model", t.ids))
+    return rollout, log
+
+
+def test_logprobs_match_teacher_forced_forward_pass(tiny_checkpoints):
+    path, torch_model = tiny_checkpoints["qwen2_untied"]
+    sampling = SamplingParams("sample", temperature=0.8, top_k=40, top_p=0.9)
+    eng = engine(path, sampling=sampling)
+    vocab = torch_model.config.vocab_size
+    rollout, log = multi_turn(eng, vocab)
+    episodes = rollout.episodes()
+    # Teacher forcing: one batched forward pass over the final sequences (right-padded).
+    width = max(len(ep.token_ids) for ep in episodes)
+    ids = np.zeros((len(episodes), width), np.int32)
+    for r, ep in enumerate(episodes):
+        ids[r, : len(ep.token_ids)] = ep.token_ids
+    model = load_hf_checkpoint(path)
+    positions = np.broadcast_to(np.arange(width), ids.shape)
+    real = positions < np.asarray([[len(ep.token_ids)] for ep in episodes])
+    logits, _ = forward_logits(model.params, model.config, ids, positions, real)
+    for r, ep in enumerate(episodes):
+        # Token-in / token-out: prompt, then exactly the sampled and environment ids in order.
+        expected = list(rollout.prompts[r // 2])
+        mask = [False] * len(expected)
+        for kind, turn_ids in log[r]:
+            expected += turn_ids
+            mask += [kind == "model"] * len(turn_ids)
+        assert ep.token_ids.tolist() == expected and ep.loss_mask.tolist() == mask
+        assert ep.num_turns == sum(kind == "model" for kind, _ in log[r])
+        n = len(ep.token_ids)
+        row_logits = logits[r, : n - 1]  # row_logits[t] predicts token t + 1
+        target = ep.token_ids[1:]
+        raw = jax.nn.log_softmax(row_logits)[np.arange(n - 1), target]
+        used = jax.nn.log_softmax(filtered_logits(row_logits, sampling))[np.arange(n - 1), target]
+        on = ep.loss_mask[1:]
+        assert on.sum() >= 10
+        np.testing.assert_allclose(ep.raw_logprobs[1:][on], np.asarray(raw)[on], atol=1e-4)
+        np.testing.assert_allclose(ep.logprobs[1:][on], np.asarray(used)[on], atol=1e-4)
+        assert np.all(ep.logprobs[~ep.loss_mask] == 0)
+    # Samples of one prompt differ: each row has its own key.
+    assert episodes[0].token_ids.tolist() != episodes[1].token_ids.tolist()
+
+
+@pytest.mark.parametrize("per_row", [True, False])
+def test_three_turn_cache_continuation_equals_one_forward_pass(tiny_checkpoints, per_row):
+    """Ragged chunks appended turn by turn give torch's logits of one pass over each row.
+
+    per_row: per-row write pointers (the engine's cache); else one shared write index, where
+    every row's chunk occupies the same slots and padding stays in the cache, masked."""
+    path, torch_model = tiny_checkpoints["qwen3"]
+    model = load_hf_checkpoint(path)
+    rng = np.random.default_rng(4)
+    chunk_lengths = [(7, 3), (2, 9), (5, 1)]  # (row 0, row 1) per turn
+    rows = [[], []]
+    cache = init_cache(model.config, 2, 32, per_row=per_row)
+    got = [[], []]
+    for lengths in chunk_lengths:
+        width = max(lengths) + 2  # right padding beyond the longest row too
+        ids = np.zeros((2, width), np.int32)
+        for b, n in enumerate(lengths):
+            ids[b, :n] = rng.integers(0, model.config.vocab_size, n)
+        pos = np.asarray([[len(r)] for r in rows]) + np.arange(width)
+        mask = np.arange(width) < np.asarray(lengths)[:, None]
+        logits, cache = forward_logits(model.params, model.config, ids, pos, mask, cache)
+        for b, n in enumerate(lengths):
+            rows[b] += ids[b, :n].tolist()
+            got[b].append(np.asarray(logits[b, :n]))
+    for b in range(2):
+        seq = np.asarray([rows[b]])
+        want = hf_models.torch_logits(
+            torch_model, seq, np.arange(seq.shape[1])[None], np.ones_like(seq)
+        )
+        assert np.abs(np.concatenate(got[b]) - want[0]).max() <= 1e-4
+    slots_used = [len(r) for r in rows] if per_row else 9 + 11 + 7
+    assert np.asarray(cache["index"]).tolist() == slots_used
+
+
+def test_context_limit_stops_rows_with_a_reason(tiny_checkpoints):
+    path, torch_model = tiny_checkpoints["qwen2_untied"]
+    vocab = torch_model.config.vocab_size
+    eng = engine(path, context_limit=20, max_new_tokens=8)
+    with pytest.raises(ValueError, match="prompt 0 has 20 tokens"):
+        eng.start([[1] * 20])
+    with pytest.raises(ValueError, match="env_ids=None on the first"):
+        eng.start([[1]]).generate({0: [2]})
+    rollout = eng.start(prompts(vocab, (14, 4)))
+    turns = rollout.generate()
+    assert turns[0].stop_reason == CONTEXT_LIMIT and len(turns[0].ids) == 6
+    assert turns[1].stop_reason == MAX_NEW_TOKENS and len(turns[1].ids) == 8
+    assert rollout.live_rows() == [1]
+    with pytest.raises(ValueError, match="not live rows"):
+        rollout.generate({0: [1]})
+    turns = rollout.generate({1: [5] * 8})  # 12 + 8 tokens leave no room for a reply
+    assert turns[1].stop_reason == CONTEXT_LIMIT and turns[1].ids == []
+    eps = rollout.episodes()
+    assert [len(e.token_ids) for e in eps] == [20, 12]
+    assert [e.stop_reason for e in eps] == [CONTEXT_LIMIT, CONTEXT_LIMIT]
+    assert rollout.live_rows() == []
+
+
+SHARDED = """
+import json, sys
+import numpy as np
+from seal_jax.models import load_hf_checkpoint
+from seal_jax.rollout import EngineConfig, RolloutEngine
+from seal_jax.sampler import SamplingParams
+from seal_jax.sharding import make_mesh, single_device_mesh
+path = sys.argv[1]
+rng = np.random.default_rng(0)
+def run(mesh):
+    model = load_hf_checkpoint(path, mesh=mesh)
+    cfg = EngineConfig(context_limit=64, max_new_tokens=6, stop_ids=(-1,),
+                       sampling=SamplingParams("greedy"), prefill_chunk=8, decode_segment=4,
+                       min_cache_len=16)
+    eng = RolloutEngine(model.params, model.config, mesh, cfg)
+    rollout = eng.start([[3, 1, 4, 1, 5], [9, 2, 6], [5, 3, 5, 8, 9, 7, 9]], num_samples=3)
+    rollout.generate(max_new_tokens={r: 2 for r in range(0, 9, 2)})  # 4 rows go on: compaction
+    rollout.generate({r: [7] * (r + 1) for r in range(0, 9, 2)})
+    rollout.generate({r: [8, 8] for r in range(0, 9, 4)})
+    k = rollout._parts[0][0]["k"]  # the live cache after the last turn
+    layout = [list(a) if isinstance(a, tuple) else a for a in k.sharding.spec]
+    return [e.token_ids.tolist() for e in rollout.episodes()], (layout, len(k.devices()))
+one, _ = run(single_device_mesh())
+eight, spec = run(make_mesh(data=4, fsdp=1, tensor=2))
+print(json.dumps({"same": one == eight, "spec": spec, "rows": one}))
+"""
+
+
+def test_eight_devices_give_the_same_greedy_tokens(tiny_checkpoints):
+    path, _ = tiny_checkpoints["qwen3"]
+    out = run_with_devices(f"import sys; sys.argv = ['x', {path!r}]\n" + SHARDED)
+    result = __import__("json").loads(out.strip().splitlines()[-1])
+    assert result["spec"] == [[None, ["data", "fsdp"], None, "tensor", None], 8]
+    assert result["same"], result["rows"]
+    assert [len(r) for r in result["rows"]][:3] == [5 + 2 + 1 + 6 + 2 + 6, 5 + 6, 5 + 2 + 3 + 6]
