@@ -89,6 +89,7 @@ def main(argv: list[str]) -> None:
     """Validates the config, prepares the work directory and runs the selected mode."""
     del argv
     from seal_jax import config as config_lib
+    from seal_jax.checkpointing import CheckpointMismatchError
     from seal_jax.models import CheckpointError
 
     config = _CONFIG.value
@@ -98,7 +99,7 @@ def main(argv: list[str]) -> None:
         from seal_jax import modes
 
         modes.run(_MODE.value, config, _WORKDIR.value)
-    except (config_lib.ConfigError, CheckpointError, OSError) as e:
+    except (config_lib.ConfigError, CheckpointError, CheckpointMismatchError, OSError) as e:
         _fail(str(e))
     logging.info("done: %s", _MODE.value)
 

@@ -129,7 +129,7 @@ def base_config() -> ml_collections.ConfigDict:
     c.train.ppo_epochs = 1
     c.train.epochs = 6
     c.train.max_steps = 0  # 0: epochs * (training tasks // batch_tasks)
-    c.train.eval_every = 10  # steps; evaluation also runs before training and at the end
+    c.train.eval_every = 10  # steps; also before training and at the end (0: never evaluate)
     c.train.eval_limit = 0  # evaluation tasks (0: the whole evaluation split)
     c.train.eval_batch_tasks = 32
     c.train.eval_max_new_tokens = 1024

@@ -82,10 +82,7 @@ class Checkpointer:
         Raises CheckpointMismatchError when the checkpoint is not ours or its parameter shapes
         differ from the template's (a config that disagrees with the checkpoint).
         """
-        host = self.manager.restore(step, args=ocp.args.Composite(host=ocp.args.JsonRestore()))[
-            "host"
-        ]
-        self._check(host, params, step)
+        host = self._host(step, params)
         restored = self.manager.restore(
             step,
             args=ocp.args.Composite(
@@ -97,19 +94,31 @@ class Checkpointer:
 
     def restore_params(self, step: int, params: Any) -> tuple[Any, dict]:
         """Restores only the parameters (and host data) of `step`, e.g. for eval or export."""
-        host = self.manager.restore(step, args=ocp.args.Composite(host=ocp.args.JsonRestore()))[
-            "host"
-        ]
-        self._check(host, params, step)
+        host = self._host(step, params)
         restored = self.manager.restore(
             step, args=ocp.args.Composite(params=ocp.args.StandardRestore(_abstract(params)))
         )
         return restored["params"], host
 
-    def _check(self, host: dict, params: Any, step: int) -> None:
+    def _host(self, step: int, params: Any) -> dict:
+        """The host item of `step`, checked against the template params (see `restore`)."""
         where = os.path.join(self.directory, str(step))
+        try:
+            host = self.manager.restore(step, args=ocp.args.Composite(host=ocp.args.JsonRestore()))[
+                "host"
+            ]
+        except Exception as e:  # noqa: BLE001  (orbax raises many kinds for foreign data)
+            raise CheckpointMismatchError(
+                f"{where} is not a readable seal_jax training checkpoint ({type(e).__name__}); "
+                "use another --workdir"
+            ) from None
         if not isinstance(host, dict) or host.get("kind") != KIND:
             raise CheckpointMismatchError(f"{where} is not a seal_jax training checkpoint")
+        self._check(host, params, step)
+        return host
+
+    def _check(self, host: dict, params: Any, step: int) -> None:
+        where = os.path.join(self.directory, str(step))
         expected = param_shapes(params)
         saved = host.get("param_shapes", {})
         for name in sorted(set(expected) | set(saved)):

@@ -41,5 +41,48 @@ def validate(c: Any) -> None:
         ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm"),
     )
     _choice(c.weighting.mode, "weighting.mode", ("all", "positive", "negative"))
-    if c.rl.group_size < 1:
-        raise ConfigError("--config.rl.group_size must be >= 1")
+    _choice(c.env.name, "env.name", ("bfcl", "suite"))
+    _choice(c.env.train_mode, "env.train_mode", ("training", "official"))
+    for key in (
+        "interface.schema_cues",
+        "interface.affordance_cues",
+        "interface.error_hints",
+        "interface.guidelines",
+    ):
+        section, field = key.split(".")
+        _choice(c[section][field], key, ("off", "static", "adaptive"))
+    _positive(
+        c,
+        "rl.group_size",
+        "train.batch_tasks",
+        "train.mini_batch_tasks",
+        "train.ppo_epochs",
+        "optim.grad_accum",
+        "env.num_workers",
+        "env.max_model_calls",
+        "rollout.max_new_tokens",
+        "train.length_bucket",
+        "train.keep_checkpoints",
+    )
+    if c.train.batch_tasks % c.train.mini_batch_tasks:
+        raise ConfigError(
+            f"--config.train.mini_batch_tasks={c.train.mini_batch_tasks} must divide "
+            f"--config.train.batch_tasks={c.train.batch_tasks}"
+        )
+    rows = c.train.mini_batch_tasks * c.rl.group_size
+    if rows % c.optim.grad_accum:
+        raise ConfigError(
+            f"a mini-batch of {rows} rollouts (train.mini_batch_tasks x rl.group_size) does not "
+            f"split into --config.optim.grad_accum={c.optim.grad_accum} micro-batches"
+        )
+    for key in ("rollout.max_new_tokens", "train.eval_max_new_tokens"):
+        section, field = key.split(".")
+        if c[section][field] >= c.rollout.context_limit:
+            raise ConfigError(f"--config.{key} must be below rollout.context_limit")
+
+
+def _positive(c: Any, *keys: str) -> None:
+    for key in keys:
+        section, field = key.split(".")
+        if c[section][field] < 1:
+            raise ConfigError(f"--config.{key}={c[section][field]} must be >= 1")

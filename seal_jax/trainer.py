@@ -433,14 +433,15 @@ def train(config: Any, model: LoadedModel, workdir: str) -> State:
     # The frozen reference is the initial policy (a copy: the update donates its inputs).
     ref_params = jax.tree.map(jnp.copy, model.params) if config.rl.kl_coef > 0 else None
     last = total_steps(config, run.source)
-    if not resumed:
+    every = config.train.eval_every  # 0 disables evaluation altogether
+    if not resumed and every:
         state.last_eval = evaluate(run, state.params, 0)
         writer.write(0, {"eval": state.last_eval})
     t0, first = time.perf_counter(), state.step
     with _pool(run, config.env.train_mode) as pool:
         while state.step < last:
             metrics = train_one_step(run, state, pool, ref_params)
-            evaluated = state.step % config.train.eval_every == 0 or state.step == last
+            evaluated = bool(every) and (state.step % every == 0 or state.step == last)
             if evaluated:
                 state.last_eval = evaluate(run, state.params, state.step)
                 state.best_metric = max(state.best_metric, state.last_eval["mean"])

@@ -1,0 +1,244 @@
+"""End to end: SEAL training steps through run.py, exact resume after SIGKILL, 8 devices, two
+hosts, and clear errors for bad work directories."""
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+
+import jax
+import numpy as np
+import orbax.checkpoint as ocp
+import pytest
+
+from tests import hf_models
+from tests.devices import REPO
+
+SUITE_ARGS = [
+    "--config=configs/tiny_test.py",
+    "--config.env.name=suite",
+    "--config.train.batch_tasks=2",
+    "--config.rl.group_size=2",
+    "--config.train.mini_batch_tasks=1",
+    "--config.rollout.max_new_tokens=12",
+    "--config.train.eval_max_new_tokens=12",
+    "--config.rollout.context_limit=1024",
+    "--config.model.logprob_chunk=64",
+    "--config.train.length_bucket=64",
+    "--config.train.eval_every=0",
+    "--config.env.num_workers=1",
+    "--config.interface.error_hints=adaptive",
+    "--config.interface.guidelines=adaptive",
+    "--config.weighting.cause_utilities=True",
+]
+
+
+@pytest.fixture(scope="module")
+def suite_model(tmp_path_factory):
+    """A tiny random Qwen2 checkpoint with the suite's tokenizer."""
+    from transformers import AutoTokenizer
+
+    from environments.suite.tokenizer import TOKENIZER_DIR
+
+    path = str(tmp_path_factory.mktemp("suite_model"))
+    tok = AutoTokenizer.from_pretrained(TOKENIZER_DIR, local_files_only=True)
+    eos = tok.convert_tokens_to_ids("<|im_end|>")
+    hf_models.build_tiny_checkpoint(path, "qwen2_tied", vocab_size=len(tok), eos_token_id=eos)
+    for f in os.listdir(TOKENIZER_DIR):
+        shutil.copy(os.path.join(TOKENIZER_DIR, f), path)
+    return path
+
+
+@pytest.fixture(scope="module")
+def compile_cache(tmp_path_factory):
+    return str(tmp_path_factory.mktemp("jax_cache"))
+
+
+def _command(model, workdir, *extra):
+    return [
+        sys.executable,
+        "run.py",
+        *SUITE_ARGS,
+        f"--config.model.path={model}",
+        f"--workdir={workdir}",
+        *extra,
+    ]
+
+
+def _env(cache, devices=1):
+    env = dict(os.environ)
+    env["JAX_COMPILATION_CACHE_DIR"] = cache
+    env["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] = "0"
+    env["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={devices}"
+    env["JAX_PLATFORMS"] = "cpu"
+    return env
+
+
+def _run(cmd, env, timeout=600):
+    proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return proc.stderr
+
+
+def _checkpoint(workdir, step):
+    """(params, opt_state, host) of a checkpoint, restored onto this process's first device."""
+    base = os.path.join(workdir, "checkpoints", str(step))
+    checkpointer = ocp.StandardCheckpointer()
+    device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
+
+    def load(item):
+        tree = checkpointer.metadata(os.path.join(base, item)).item_metadata.tree
+        target = jax.tree.map(
+            lambda m: jax.ShapeDtypeStruct(m.shape, m.dtype, sharding=device), tree
+        )
+        restored = checkpointer.restore(os.path.join(base, item), target)
+        return {k: np.asarray(v) for k, v in _flatten(restored)}
+
+    with open(os.path.join(base, "host", "metadata")) as f:
+        host = json.load(f)
+    return load("params"), load("opt_state"), host
+
+
+def _flatten(tree, prefix=""):
+    if isinstance(tree, dict):
+        for k, v in tree.items():
+            yield from _flatten(v, f"{prefix}/{k}")
+    elif isinstance(tree, (list, tuple)):
+        for i, v in enumerate(tree):
+            yield from _flatten(v, f"{prefix}/{i}")
+    elif tree is not None:
+        yield prefix, tree
+
+
+def _assert_same_state(a, b, exact=True):
+    params_a, opt_a, host_a = a
+    params_b, opt_b, host_b = b
+    assert params_a.keys() == params_b.keys() and opt_a.keys() == opt_b.keys()
+    for tree_a, tree_b in ((params_a, params_b), (opt_a, opt_b)):
+        for k in tree_a:
+            if exact:
+                np.testing.assert_array_equal(tree_a[k], tree_b[k], err_msg=k)
+            else:
+                # Adam divides by sqrt(v): for near-zero gradients float32 reduction-order noise
+                # moves a parameter by up to a few % of the step size lr = 1e-3.
+                np.testing.assert_allclose(tree_a[k], tree_b[k], rtol=1e-4, atol=5e-5, err_msg=k)
+    for key in ("step", "weighting", "interface"):
+        assert host_a[key] == host_b[key], key
+
+
+def _kill_after_checkpoint(cmd, env, workdir, step):
+    """Starts training, SIGKILLs it once checkpoint `step` is complete, returns."""
+    proc = subprocess.Popen(
+        cmd, cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
+    done = os.path.join(workdir, "checkpoints", str(step))
+    deadline = time.time() + 600
+    while not os.path.isdir(done) and proc.poll() is None and time.time() < deadline:
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+
+
+def test_resume_after_sigkill_reproduces_the_uninterrupted_run(
+    suite_model, compile_cache, tmp_path
+):
+    env = _env(compile_cache)
+    straight, resumed = tmp_path / "straight", tmp_path / "resumed"
+    _run(_command(suite_model, straight, "--config.train.max_steps=2"), env)
+    metrics = [json.loads(line) for line in (straight / "metrics.jsonl").read_text().splitlines()]
+    assert [m["step"] for m in metrics] == [1, 2]
+    assert {"rollout", "weights", "utilities", "interface", "loss", "time"} <= metrics[-1].keys()
+    assert os.path.isdir(straight / "tensorboard")
+
+    cmd = _command(suite_model, resumed, "--config.train.max_steps=2")
+    _kill_after_checkpoint(cmd, env, resumed, step=1)
+    log = _run(cmd, env)  # the same command again resumes
+    assert "resumed from" in log
+    _assert_same_state(_checkpoint(straight, 2), _checkpoint(resumed, 2))
+
+
+def test_eight_devices_match_one(suite_model, compile_cache, tmp_path):
+    args = ["--config.train.max_steps=1", "--config.train.mini_batch_tasks=2"]
+    one, eight = tmp_path / "one", tmp_path / "eight"
+    _run(_command(suite_model, one, *args), _env(compile_cache))
+    _run(
+        _command(suite_model, eight, *args, "--config.mesh.data=4", "--config.mesh.tensor=2"),
+        _env(compile_cache, devices=8),
+    )
+    _assert_same_state(_checkpoint(one, 1), _checkpoint(eight, 1), exact=False)
+
+
+def test_two_processes_end_with_identical_parameters(suite_model, compile_cache, tmp_path):
+    port = 20000 + os.getpid() % 20000
+    procs = []
+    for pid in range(2):
+        cmd = _command(
+            suite_model,
+            tmp_path / "mh",
+            "--config.train.max_steps=1",
+            "--config.distributed.enabled=True",
+            f"--config.distributed.coordinator_address=127.0.0.1:{port}",
+            "--config.distributed.num_processes=2",
+            f"--config.distributed.process_id={pid}",
+        )
+        procs.append(
+            subprocess.Popen(
+                cmd,
+                cwd=REPO,
+                env=_env(compile_cache),
+                text=True,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.PIPE,
+            )
+        )
+    logs = [p.communicate(timeout=600)[1] for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], logs[0][-2000:] + logs[1][-2000:]
+    sums = [
+        line.rsplit(" ", 1)[-1]
+        for log in logs
+        for line in log.splitlines()
+        if "parameter checksum" in line
+    ]
+    assert len(sums) == 2 and sums[0] == sums[1]
+    assert os.path.isdir(tmp_path / "mh" / "checkpoints" / "1")
+
+
+def _error_line(cmd, env):
+    proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
+    assert proc.returncode == 2 and len(errors) == 1, proc.stderr[-2000:]
+    assert "Traceback" not in proc.stderr
+    return errors[0]
+
+
+def test_bad_work_directories_fail_with_one_clear_line(suite_model, compile_cache, tmp_path):
+    env = _env(compile_cache)
+    a_file = tmp_path / "file"
+    a_file.write_text("x")
+    assert "Not a directory" in _error_line(_command(suite_model, a_file / "wd"), env)
+
+    foreign = tmp_path / "foreign" / "checkpoints" / "3"
+    foreign.mkdir(parents=True)
+    (foreign / "weights.bin").write_bytes(b"\0" * 64)
+    line = _error_line(_command(suite_model, tmp_path / "foreign"), env)
+    assert "not a readable seal_jax training checkpoint" in line
+
+    # A checkpoint written for another model shape.
+    other = tmp_path / "other_model"
+    shutil.copytree(suite_model, other)
+    cfg = json.loads((other / "config.json").read_text())
+    cfg["intermediate_size"] = 128
+    (other / "config.json").write_text(json.dumps(cfg))
+    hf_models.build_tiny_checkpoint(
+        str(other),
+        "qwen2_tied",
+        vocab_size=cfg["vocab_size"],
+        intermediate_size=128,
+        eos_token_id=cfg["eos_token_id"],
+    )
+    wd = tmp_path / "shape"
+    _run(_command(other, wd, "--config.train.max_steps=1"), env)
+    assert "has shape" in _error_line(_command(suite_model, wd, "--config.train.max_steps=2"), env)
