@@ -17,6 +17,7 @@ def base_config() -> ml_collections.ConfigDict:
     c.model.compute_dtype = "bfloat16"  # float32 | bfloat16: dtype of matmuls and activations
     c.model.remat = True  # rematerialise each decoder layer in the backward pass
     c.model.logprob_chunk = 512  # sequence chunk for log-probs (never a full [B, T, V] fp32 array)
+    c.model.attn_chunk = 1024  # queries per attention block in training passes (no [T, T] scores)
 
     # Device mesh: axis sizes; -1 takes the remaining devices. Batch is split over data x fsdp,
     # parameters over fsdp (model dim) and tensor (heads / MLP / vocab).

@@ -27,8 +27,8 @@ def validate(c: Any) -> None:
     """Raises ConfigError for the first invalid field of config `c` (a ConfigDict)."""
     _choice(c.model.param_dtype, "model.param_dtype", tuple(DTYPES))
     _choice(c.model.compute_dtype, "model.compute_dtype", tuple(DTYPES))
-    if c.model.logprob_chunk <= 0:
-        raise ConfigError("--config.model.logprob_chunk must be positive")
+    if c.model.logprob_chunk <= 0 or c.model.attn_chunk <= 0:
+        raise ConfigError("--config.model.logprob_chunk and attn_chunk must be positive")
     for axis in ("data", "fsdp", "tensor"):
         size = c.mesh[axis]
         if size == 0 or size < -1:

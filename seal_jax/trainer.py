@@ -144,6 +144,7 @@ def build(config: Any, model: LoadedModel, workdir: str) -> Run:
         chunk=config.model.logprob_chunk,
         remat=config.model.remat,
         with_entropy=config.rl.entropy_coef > 0,
+        attn_chunk=config.model.attn_chunk,
     )
 
     def logprob_fn(params: Any, input_ids: Any, positions: Any, mask: Any, targets: Any) -> Any:

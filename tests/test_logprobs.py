@@ -74,3 +74,22 @@ def test_no_full_vocab_logits_are_materialised(tiny_checkpoints):
     assert (b, 4, vocab) in shapes  # one chunk of logits exists ...
     activations = [s for s in shapes if len(s) >= 3 and s[-1] == vocab]
     assert max(np.prod(s) for s in activations) == b * 4 * vocab < b * t * vocab
+
+
+def test_query_chunked_attention_matches_one_block(tiny_checkpoints):
+    path, torch_model = tiny_checkpoints["qwen3"]
+    ids, positions, mask, targets = _inputs(torch_model.config.vocab_size)
+    model = load_hf_checkpoint(path)
+
+    def loss(params, attn_chunk):
+        logp, _ = token_logprobs(
+            params, model.config, ids, positions, mask, targets, attn_chunk=attn_chunk
+        )
+        return jnp.sum(logp * mask), logp
+
+    (_, whole), g_whole = jax.value_and_grad(loss, has_aux=True)(model.params, 1024)
+    (_, chunked), g_chunked = jax.value_and_grad(loss, has_aux=True)(model.params, 5)
+    valid = mask.astype(bool)
+    np.testing.assert_allclose(np.asarray(chunked)[valid], np.asarray(whole)[valid], atol=1e-5)
+    for a, b in zip(jax.tree.leaves(g_whole), jax.tree.leaves(g_chunked)):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=1e-5, rtol=1e-4)

@@ -160,6 +160,60 @@ def test_resume_after_sigkill_reproduces_the_uninterrupted_run(
     _assert_same_state(_checkpoint(straight, 2), _checkpoint(resumed, 2))
 
 
+@pytest.fixture(scope="module")
+def qwen3_model(tmp_path_factory):
+    """A tiny random Qwen3 checkpoint with the real Qwen tokenizer (vocab 151,936)."""
+    path = str(tmp_path_factory.mktemp("qwen3_model"))
+    hf_models.build_tiny_checkpoint(path, "qwen3", vocab_size=151936, eos_token_id=151645)
+    for f in ("tokenizer.json", "tokenizer_config.json", "vocab.json", "merges.txt"):
+        shutil.copy(os.path.join(hf_models.qwen_tokenizer_dir(), f), path)
+    return path
+
+
+BFCL_ARGS = [
+    "--config=configs/tiny_test.py",
+    "--config.env.name=bfcl",
+    "--config.train.batch_tasks=1",
+    "--config.rl.group_size=2",
+    "--config.train.mini_batch_tasks=1",
+    "--config.rollout.max_new_tokens=8",
+    "--config.train.eval_max_new_tokens=8",
+    "--config.rollout.context_limit=8192",
+    "--config.model.logprob_chunk=1024",
+    "--config.train.length_bucket=512",
+    "--config.train.eval_every=0",
+    "--config.env.num_workers=1",
+]
+
+
+def test_bfcl_fresh_process_on_a_copy_reproduces_the_second_step(
+    qwen3_model, compile_cache, tmp_path
+):
+    env = _env(compile_cache)
+
+    def cmd(workdir, steps):
+        return [
+            sys.executable,
+            "run.py",
+            *BFCL_ARGS,
+            f"--config.model.path={qwen3_model}",
+            f"--workdir={workdir}",
+            f"--config.train.max_steps={steps}",
+        ]
+
+    straight, first = tmp_path / "straight", tmp_path / "first"
+    _run(cmd(straight, 2), env)
+    _run(cmd(first, 1), env)
+    copy = tmp_path / "copy"
+    shutil.copytree(first, copy)
+    log = _run(cmd(copy, 2), env)
+    assert "resumed from" in log
+    _assert_same_state(_checkpoint(straight, 2), _checkpoint(copy, 2))
+    step = json.loads((straight / "metrics.jsonl").read_text().splitlines()[-1])
+    assert step["rollout"]["tokens_generated"] > 0
+    assert set(step["rollout"]["success"]) <= {"base", "miss_func", "miss_param", "long_context"}
+
+
 def test_eight_devices_match_one(suite_model, compile_cache, tmp_path):
     args = ["--config.train.max_steps=1", "--config.train.mini_batch_tasks=2"]
     one, eight = tmp_path / "one", tmp_path / "eight"

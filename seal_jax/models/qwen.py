@@ -99,6 +99,33 @@ def attention(
     return out.reshape(b, t, h, d)
 
 
+def causal_attention(
+    q: jax.Array, k: jax.Array, v: jax.Array, key_mask: jax.Array, chunk: int
+) -> jax.Array:
+    """Causal GQA over a whole sequence (no cache): q [B,T,H,D], k/v [B,T,KVH,D] -> [B,T,H,D].
+
+    Queries are processed `chunk` at a time, each chunk rematerialised in the backward pass, so
+    the scores held at once are [B, H, chunk, T] instead of [B, H, T, T] (16k-token episodes).
+    key_mask [B, T] marks real tokens.
+    """
+    t = q.shape[1]
+    key_slot = jnp.arange(t)
+
+    def block(q_c: jax.Array, q_slot: jax.Array) -> jax.Array:
+        visible = (key_slot[None, :] <= q_slot[:, None])[None] & key_mask[:, None, :]
+        return attention(q_c, k, v, visible)
+
+    if t <= chunk:
+        return block(q, key_slot)
+    n = -(-t // chunk)
+    pad = n * chunk - t
+    q_chunks = jnp.pad(q, ((0, 0), (0, pad), (0, 0), (0, 0)))
+    q_chunks = q_chunks.reshape(q.shape[0], n, chunk, *q.shape[2:]).swapaxes(0, 1)
+    slots = jnp.arange(n * chunk).reshape(n, chunk)
+    out = jax.lax.map(jax.checkpoint(lambda a: block(*a)), (q_chunks, slots))
+    return out.swapaxes(0, 1).reshape(q.shape[0], n * chunk, *q.shape[2:])[:, :t]
+
+
 def write_cache(buf: jax.Array, new: jax.Array, index: jax.Array, axis: int = 0) -> jax.Array:
     """Writes new into buf at slot `index` (scalar) or `index[b]` per row.
 
@@ -124,6 +151,7 @@ class SelfAttention(nn.Module):
     cfg: QwenConfig
     dtype: Any
     param_dtype: Any
+    attn_chunk: int = 1024
 
     @nn.compact
     def __call__(self, x: jax.Array, layer_cache: Any, ctx: dict) -> tuple[jax.Array, Any]:
@@ -150,7 +178,7 @@ class SelfAttention(nn.Module):
             out = attention(q, layer_cache[0], layer_cache[1], ctx["visible"], new)
             new_cache = (k, v)
         else:
-            out = attention(q, k, v, ctx["visible"])
+            out = causal_attention(q, k, v, ctx["key_mask"], self.attn_chunk)
             new_cache = None
         out = out.reshape(b, t, cfg.num_heads * hd)
         return _dense(cfg.hidden_size, "o_proj", dt, pdt)(out), new_cache
@@ -178,13 +206,15 @@ class DecoderLayer(nn.Module):
     cfg: QwenConfig
     dtype: Any
     param_dtype: Any
+    attn_chunk: int = 1024
 
     @nn.compact
     def __call__(self, x: jax.Array, layer_cache: Any, ctx: dict) -> tuple[jax.Array, Any]:
         """x [B,T,E] -> (x', updated (k, v) cache slice or None)."""
         eps, dt, pdt = self.cfg.rms_norm_eps, self.dtype, self.param_dtype
         h = RMSNorm(eps, dt, pdt, name="input_layernorm")(x)
-        a, new_cache = SelfAttention(self.cfg, dt, pdt, name="self_attn")(h, layer_cache, ctx)
+        attn = SelfAttention(self.cfg, dt, pdt, self.attn_chunk, name="self_attn")
+        a, new_cache = attn(h, layer_cache, ctx)
         x = x + a
         h = RMSNorm(eps, dt, pdt, name="post_attention_layernorm")(x)
         x = x + Mlp(self.cfg, dt, pdt, name="mlp")(h)
@@ -199,12 +229,14 @@ class Qwen(nn.Module):
       dtype: compute dtype (activations, matmuls).
       param_dtype: dtype parameters are created in (loading casts to it as well).
       remat: rematerialise each layer in the backward pass (training memory).
+      attn_chunk: queries per attention block on uncached calls (bounds [T, T] score memory).
     """
 
     cfg: QwenConfig
     dtype: Any = jnp.float32
     param_dtype: Any = jnp.float32
     remat: bool = False
+    attn_chunk: int = 1024
 
     def setup(self) -> None:
         """Creates the embedding, the scanned layer stack, the final norm and the LM head."""
@@ -223,7 +255,7 @@ class Qwen(nn.Module):
             split_rngs={"params": True},
             in_axes=(0, nn.broadcast),
             length=cfg.num_layers,
-        )(cfg, self.dtype, self.param_dtype)
+        )(cfg, self.dtype, self.param_dtype, self.attn_chunk)
         self.norm = RMSNorm(cfg.rms_norm_eps, self.dtype, self.param_dtype)
         if not cfg.tie_word_embeddings:
             self.lm_head = self.param(
@@ -244,16 +276,16 @@ class Qwen(nn.Module):
         t = input_ids.shape[1]
         cos, sin = rope_tables(positions, self.cfg.head_dim, self.cfg.rope_theta)
         mask = mask.astype(bool)
-        causal = jnp.arange(t)[None, :] <= jnp.arange(t)[:, None]
-        visible_new = causal[None] & mask[:, None, :]
         if cache is None:
-            ctx = {"cos": cos, "sin": sin, "visible": visible_new}
+            ctx = {"cos": cos, "sin": sin, "key_mask": mask}
             layer_cache = None
         else:
             # Cached slots from the write position on are being overwritten by this call.
             index = cache["index"]
             slot = jnp.arange(cache["mask"].shape[1])
             visible = (cache["mask"] & (slot < index[..., None]))[:, None, :]
+            causal = jnp.arange(t)[None, :] <= jnp.arange(t)[:, None]
+            visible_new = causal[None] & mask[:, None, :]
             ctx = {"cos": cos, "sin": sin, "visible": visible, "visible_new": visible_new}
             layer_cache = (cache["k"], cache["v"])
         x = self.embed_tokens(input_ids)
@@ -388,13 +420,14 @@ def token_logprobs(
     chunk: int = 512,
     remat: bool = False,
     with_entropy: bool = False,
+    attn_chunk: int = 1024,
 ) -> tuple[jax.Array, jax.Array | None]:
     """log p(targets[b,t] | input_ids[b, :t+1]) as float32 [B, T], plus entropies if asked.
 
     Never materialises [B, T, V] logits: the vocabulary projection runs `chunk` positions at a time.
     For next-token training, pass targets = input_ids shifted left by one.
     """
-    model = Qwen(cfg, dtype=dtype, remat=remat)
+    model = Qwen(cfg, dtype=dtype, remat=remat, attn_chunk=attn_chunk)
     return model.apply(
         {"params": params},
         input_ids,
