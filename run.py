@@ -41,10 +41,11 @@ def _config_file(argv: list[str]) -> str | None:
 
 def _check_override_keys(path: str, argv: list[str]) -> None:
     """Fails on `--config.a.b=...` overrides naming a key the config does not have."""
-    spec = importlib.util.spec_from_file_location("_config_under_check", path)
+    file, _, arg = path.partition(":")
+    spec = importlib.util.spec_from_file_location("_config_under_check", file)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
-    config = module.get_config()
+    config = module.get_config(arg) if arg else module.get_config()
     for arg in argv:
         match = re.match(r"--config\.([\w.]+)", arg)
         if not match:
@@ -66,7 +67,7 @@ def parse_flags(argv: list[str]) -> list[str]:
     if not os.path.isfile(path.split(":")[0]):
         _fail(f"config file {path!r} not found")
     try:
-        _check_override_keys(path.split(":")[0], argv)
+        _check_override_keys(path, argv)
     except Exception as e:  # noqa: BLE001  (a broken config file: say which and why)
         _fail(f"cannot load config {path!r}: {type(e).__name__}: {e}")
     try:

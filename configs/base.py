@@ -10,6 +10,7 @@ def base_config() -> ml_collections.ConfigDict:
     """Returns the full default config tree; every tunable of the project lives here."""
     c = ml_collections.ConfigDict()
     c.seed = 0
+    c.variant = "seal"  # which ablation row (VARIANTS) the switches below were set from
 
     c.model = ml_collections.ConfigDict()
     c.model.path = ""  # local Hugging Face directory (config.json, *.safetensors, tokenizer files)
@@ -146,4 +147,30 @@ def base_config() -> ml_collections.ConfigDict:
     c.distributed.coordinator_address = ""
     c.distributed.num_processes = 0
     c.distributed.process_id = -1
+    return c
+
+
+# The paper's ablation rows (SEAL_METHOD.md section 7) plus this project's closed-loop interface:
+# (interface preset, weighting enabled, closed-loop utilities).
+VARIANTS = {
+    "seal": ("released", True, True),  # full SEAL as the authors released it (the default)
+    "vanilla_grpo": ("plain", False, True),
+    "no_env_adaptation": ("plain", True, True),
+    "no_reweighting": ("released", False, True),
+    "static_utilities": ("released", True, False),
+    "closed_loop": ("closed_loop", True, True),  # every interface component adaptive
+}
+
+
+def apply_variant(c: ml_collections.ConfigDict, variant: str) -> ml_collections.ConfigDict:
+    """Sets the interface preset and weighting switches of one ablation row (see VARIANTS)."""
+    from environments.interface import with_preset
+
+    if variant not in VARIANTS:
+        raise ValueError(f"unknown variant {variant!r}; use one of {', '.join(VARIANTS)}")
+    preset, weighting, closed_loop = VARIANTS[variant]
+    c.interface = with_preset(c.interface, preset)
+    c.weighting.enabled = weighting
+    c.weighting.closed_loop = closed_loop
+    c.variant = variant
     return c

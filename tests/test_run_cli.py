@@ -54,3 +54,33 @@ def test_overrides_reach_the_saved_resolved_config(tiny_checkpoints, tmp_path):
     with open(os.path.join(tmp_path, "wd", "config.json")) as f:
         saved = json.load(f)
     assert saved["optim"]["lr"] == 3e-6 and saved["model"]["path"] == path
+
+
+@pytest.mark.parametrize(
+    "variant, schema_cues, error_hints, weighting, closed_loop",
+    [
+        ("seal", "static", "off", True, True),
+        ("vanilla_grpo", "off", "off", False, True),
+        ("no_env_adaptation", "off", "off", True, True),
+        ("no_reweighting", "static", "off", False, True),
+        ("static_utilities", "static", "off", True, False),
+        ("closed_loop", "adaptive", "adaptive", True, True),
+    ],
+)
+def test_ablation_variants_set_their_switches(
+    tmp_path, variant, schema_cues, error_hints, weighting, closed_loop
+):
+    _run(
+        f"--config=configs/qwen.py:{variant}", "--config.model.path=/nonexistent", tmp_path=tmp_path
+    )
+    with open(os.path.join(tmp_path, "wd", "config.json")) as f:
+        saved = json.load(f)
+    assert saved["variant"] == variant
+    assert (saved["interface"]["schema_cues"], saved["interface"]["error_hints"]) == (
+        schema_cues,
+        error_hints,
+    )
+    assert (saved["weighting"]["enabled"], saved["weighting"]["closed_loop"]) == (
+        weighting,
+        closed_loop,
+    )

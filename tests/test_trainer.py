@@ -14,6 +14,7 @@ import numpy as np
 import orbax.checkpoint as ocp
 import pytest
 
+from seal_jax.models import load_hf_checkpoint
 from tests import hf_models
 from tests.devices import REPO
 
@@ -212,6 +213,27 @@ def test_bfcl_fresh_process_on_a_copy_reproduces_the_second_step(
     step = json.loads((straight / "metrics.jsonl").read_text().splitlines()[-1])
     assert step["rollout"]["tokens_generated"] > 0
     assert set(step["rollout"]["success"]) <= {"base", "miss_func", "miss_param", "long_context"}
+
+
+def test_eval_and_export_modes(suite_model, compile_cache, tmp_path):
+    env = _env(compile_cache)
+    workdir = tmp_path / "wd"
+    limit = ["--config.train.eval_limit=8", "--config.train.eval_batch_tasks=8"]
+    _run(_command(suite_model, workdir, "--mode=eval", *limit), env)
+    report = json.loads((workdir / "eval_hf.json").read_text())
+    assert report["num_tasks"] == 8 and len(report["accuracy"]) == 4  # round-robin categories
+
+    _run(_command(suite_model, workdir, "--config.train.max_steps=1"), env)
+    _run(_command(suite_model, workdir, "--mode=export"), env)
+    exported = load_hf_checkpoint(str(workdir / "export"))
+    trained, _, _ = _checkpoint(workdir, 1)
+    for path, value in _flatten(exported.params):
+        np.testing.assert_allclose(
+            np.asarray(value), trained[path], rtol=0, atol=1e-2, err_msg=path
+        )  # exported as bfloat16
+    assert os.path.isfile(workdir / "export" / "tokenizer.json")
+    _run(_command(suite_model, workdir, "--mode=eval", *limit), env)
+    assert json.loads((workdir / "eval_step1.json").read_text())["num_tasks"] == 8
 
 
 def test_eight_devices_match_one(suite_model, compile_cache, tmp_path):
