@@ -381,6 +381,7 @@ def train_one_step(run: Run, state: State, pool: EnvPool, ref_params: Any) -> di
         "interface": {**state.interface.log_record(), **state.interface.metrics()},
         "zero_adv_group_fraction": float(rl.zero_advantage_group_fraction(res.rewards, group_ids)),
         "logprob_gap_sampler_vs_recomputed": float(gap.mean()) if gap.size else 0.0,
+        "batch_tokens": int(batch["mask"].sum()),
         "loss": update,
         "time": {
             **out.timings,
