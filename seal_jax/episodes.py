@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from environments.pool import BatchResults, EnvPool
+from environments.pool import BatchResults, EnvPool, batch_results
 from seal_jax import rollout as rollout_lib
 from seal_jax.chat import ChatFormat
 
@@ -115,3 +115,19 @@ def run_episodes(
     results = pool.results()
     timings["env_s"] += time.perf_counter() - t0
     return EpisodeBatch(rows, rollout.episodes(), results, num_calls, stop_reasons, timings)
+
+
+def concatenate(batches: Sequence[EpisodeBatch], parallel: bool) -> EpisodeBatch:
+    """One batch from several, rows in order; timings add up (sequential chunks) or take the
+    maximum (`parallel`: the same step on several hosts)."""
+    if len(batches) == 1:
+        return batches[0]
+    combine = max if parallel else sum
+    return EpisodeBatch(
+        task_ids=[t for b in batches for t in b.task_ids],
+        sequences=[q for b in batches for q in b.sequences],
+        results=batch_results([e for b in batches for e in b.results.episodes]),
+        num_calls=np.concatenate([b.num_calls for b in batches]),
+        stop_reasons=[r for b in batches for r in b.stop_reasons],
+        timings={k: combine(b.timings[k] for b in batches) for k in batches[0].timings},
+    )

@@ -27,7 +27,7 @@ from absl import logging
 
 from environments.episode import EpisodeConfig
 from environments.interface import LearningInterface
-from environments.pool import EnvPool, PoolConfig, batch_results
+from environments.pool import EnvPool, PoolConfig
 from environments.sources import TaskSource, get_source
 from environments.weighting import DiagnosisWeighting, weight_metrics
 from seal_jax import config as config_lib
@@ -230,21 +230,6 @@ def _host_share(items: list[str]) -> list[str]:
     return items[p * size : (p + 1) * size]
 
 
-def _gathered(batch: episodes.EpisodeBatch) -> episodes.EpisodeBatch:
-    """Every process's episodes, in process order, on every process."""
-    parts = distributed.allgather_objects(batch)
-    if len(parts) == 1:
-        return batch
-    return episodes.EpisodeBatch(
-        task_ids=[t for p in parts for t in p.task_ids],
-        sequences=[q for p in parts for q in p.sequences],
-        results=batch_results([e for p in parts for e in p.results.episodes]),
-        num_calls=np.concatenate([p.num_calls for p in parts]),
-        stop_reasons=[r for p in parts for r in p.stop_reasons],
-        timings={k: max(p.timings[k] for p in parts) for k in batch.timings},
-    )
-
-
 def eval_task_ids(source: TaskSource, limit: int) -> list[str]:
     """The evaluation split, or its first limit tasks taken round-robin over categories."""
     ids = source.split_ids("eval")
@@ -337,16 +322,23 @@ def train_one_step(run: Run, state: State, pool: EnvPool, ref_params: Any) -> di
         state.weighting.end_epoch()
     task_ids = step_tasks(cfg, run.source, state.step)
     _set_engine_params(run.train_engine, state.params, run)
-    local = episodes.run_episodes(
-        run.train_engine,
-        run.chat,
-        pool,
-        _host_share(task_ids),
-        cfg.rl.group_size,
-        seed=(cfg.seed * 1_000_003 + state.step) * 1024 + jax.process_index(),
-        renderer=state.interface.renderer(),
+    mine = _host_share(task_ids)
+    chunk = cfg.rollout.micro_batch_tasks or len(mine)  # bounds the KV cache of one rollout
+    local = [
+        episodes.run_episodes(
+            run.train_engine,
+            run.chat,
+            pool,
+            mine[start : start + chunk],
+            cfg.rl.group_size,
+            seed=((cfg.seed * 1_000_003 + state.step) * 1024 + jax.process_index()) * 1024 + start,
+            renderer=state.interface.renderer(),
+        )
+        for start in range(0, len(mine), chunk)
+    ]
+    out = episodes.concatenate(
+        distributed.allgather_objects(episodes.concatenate(local, parallel=False)), parallel=True
     )
-    out = _gathered(local)
     res = out.results
     for tags, reward, causes in zip(res.turn_tags, res.rewards, res.turn_causes):
         state.weighting.add_episode(tags, float(reward), [c for turn in causes for c in turn])

@@ -237,7 +237,11 @@ def test_eval_and_export_modes(suite_model, compile_cache, tmp_path):
 
 
 def test_eight_devices_match_one(suite_model, compile_cache, tmp_path):
-    args = ["--config.train.max_steps=1", "--config.train.mini_batch_tasks=2"]
+    args = [
+        "--config.train.max_steps=1",
+        "--config.train.mini_batch_tasks=2",
+        "--config.rollout.micro_batch_tasks=1",  # the step's rollouts in two engine batches
+    ]
     one, eight = tmp_path / "one", tmp_path / "eight"
     _run(_command(suite_model, one, *args), _env(compile_cache))
     _run(
