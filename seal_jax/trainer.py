@@ -153,6 +153,13 @@ def build(config: Any, model: LoadedModel, workdir: str) -> Run:
         )
         return out if entropy is None else (out, entropy)
 
+    shards = model.mesh.shape["data"] * model.mesh.shape["fsdp"]
+    rows = config.train.mini_batch_tasks * config.rl.group_size // config.optim.grad_accum
+    if rows % shards:
+        raise config_lib.ConfigError(
+            f"a micro-batch of {rows} rollouts does not split over the {shards} batch shards "
+            "(mesh.data x mesh.fsdp): change train.mini_batch_tasks or optim.grad_accum"
+        )
     optimizer = optim.make_optimizer(config.optim)
     param_shardings = jax.tree.map(lambda x: x.sharding, model.params)
     opt_shardings = optim.opt_state_shardings(optimizer, model.params, param_shardings)
