@@ -25,12 +25,10 @@ $(VENV)/.installed-test: $(VENV)/.installed requirements-test.txt
 install: $(VENV)/.installed
 install-test: $(VENV)/.installed-test
 
-# Until the CPU default config lands (issue 8), the demo runs the end-to-end path that exists:
-# the BFCL evaluation pipeline on the 400 evaluation tasks with the scripted oracle (must score
-# 100%) and do-nothing (0%) policies; metrics and transcripts go to workdirs/demo/.
+# The CPU default: a tiny policy learns the generated tool-use suite with SEAL (configs/tiny.py);
+# plots and report.md land in workdirs/tiny/.
 demo: $(VENV)/.installed
-	$(PY) -m environments.bfcl.evaluate --policy=oracle --split=eval --workdir=workdirs/demo/oracle
-	$(PY) -m environments.bfcl.evaluate --policy=noop --split=eval --workdir=workdirs/demo/noop
+	$(PY) run.py --config=configs/tiny.py --workdir=workdirs/tiny
 
 lint: $(VENV)/.installed-test
 	$(PY) -m ruff check .

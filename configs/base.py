@@ -20,6 +20,24 @@ def base_config() -> ml_collections.ConfigDict:
     c.model.logprob_chunk = 512  # sequence chunk for log-probs (never a full [B, T, V] fp32 array)
     c.model.attn_chunk = 1024  # queries per attention block in training passes (no [T, T] scores)
 
+    # A from-scratch tiny policy, used when model.path is empty (<workdir>/scratch_policy).
+    c.model.scratch = ml_collections.ConfigDict()
+    c.model.scratch.enabled = False
+    c.model.scratch.hidden = 128
+    c.model.scratch.layers = 2
+    c.model.scratch.heads = 4
+    c.model.scratch.kv_heads = 2
+    c.model.scratch.intermediate = 384
+
+    # Supervised warm start on oracle transcripts before RL (0 steps: none). The warm-started
+    # policy is saved as <workdir>/warm_start (a Hugging Face directory) and RL starts from it.
+    c.sft = ml_collections.ConfigDict()
+    c.sft.steps = 0
+    c.sft.batch_size = 8
+    c.sft.lr = 3e-3
+    c.sft.num_tasks = 0  # training tasks whose oracle transcripts are used (0: all)
+    c.sft.length_bucket = 128
+
     # Device mesh: axis sizes; -1 takes the remaining devices. Batch is split over data x fsdp,
     # parameters over fsdp (model dim) and tensor (heads / MLP / vocab).
     c.mesh = ml_collections.ConfigDict()
@@ -139,6 +157,7 @@ def base_config() -> ml_collections.ConfigDict:
     c.train.keep_checkpoints = 3  # the last K are kept, plus the best
     c.train.best_metric = "eval/mean"
     c.train.length_bucket = 256  # training batch lengths are padded to a multiple of this
+    c.train.write_report = False  # plots + report.md in the work directory after each evaluation
 
     # Multi-host: jax.distributed is initialised when enabled (on TPU pods the defaults are
     # discovered automatically; on CPU/GPU clusters give the coordinator and process ids).

@@ -61,7 +61,7 @@ class MetricsWriter:
         if not self.enabled:
             return
         plain = _plain(record)
-        self._jsonl.write(json.dumps({"step": step, "time": time.time(), **plain}) + "\n")
+        self._jsonl.write(json.dumps({"step": step, "wall_time": time.time(), **plain}) + "\n")
         self._jsonl.flush()
         for name, value in flatten_scalars(plain).items():
             self._tb.add_scalar(name, value, step)

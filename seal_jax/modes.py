@@ -15,17 +15,77 @@ import os
 from typing import Any
 
 import jax
+import numpy as np
 from absl import logging
 
 from seal_jax import config as config_lib
-from seal_jax import sharding
+from seal_jax import report, sft, sharding
 from seal_jax.checkpointing import Checkpointer
 from seal_jax.models import CheckpointError, LoadedModel, load_hf_checkpoint, save_hf_checkpoint
 
 
-def load_policy(config: Any) -> LoadedModel:
-    """Loads `config.model.path` onto the config's mesh with the config's dtypes."""
+def initial_policy(config: Any, workdir: str) -> str:
+    """The Hugging Face directory RL starts from: model.path, or a from-scratch tiny policy
+    (model.scratch), then warm-started on oracle transcripts when sft.steps > 0. Both are
+    written once into the work directory and reused when a run resumes."""
     path = config.model.path
+    if not path and config.model.scratch.enabled:
+        path = os.path.join(workdir, "scratch_policy")
+        if not os.path.isfile(os.path.join(path, "config.json")):
+            s = config.model.scratch
+            sft.make_tiny_policy(
+                path,
+                hidden=s.hidden,
+                layers=s.layers,
+                heads=s.heads,
+                kv_heads=s.kv_heads,
+                intermediate=s.intermediate,
+                seed=config.seed,
+            )
+    if not path:
+        raise CheckpointError("no checkpoint given: set --config.model.path=/path/to/hf_model_dir")
+    if config.sft.steps > 0:
+        warm = os.path.join(workdir, "warm_start")
+        if not os.path.isfile(os.path.join(warm, "config.json")):
+            _warm_start(config, path, warm)
+        path = warm
+    return path
+
+
+def _warm_start(config: Any, path: str, out: str) -> None:
+    """Fine-tunes the policy at path on oracle transcripts and saves it to out."""
+    from environments.sources import get_source
+    from seal_jax.chat import ChatFormat
+
+    model = load_policy(config, path)
+    source = get_source(config.env.name)
+    ids = source.split_ids("train")
+    if config.sft.num_tasks:
+        order = np.random.default_rng(config.seed).permutation(len(ids))
+        ids = [ids[i] for i in sorted(order[: config.sft.num_tasks])]
+    chat = ChatFormat(model.tokenizer(), enable_thinking=config.rollout.enable_thinking)
+    transcripts = sft.oracle_transcripts([source.load_task(i) for i in ids], chat)
+    params = sft.warm_start(
+        model.params,
+        model.config,
+        model.mesh,
+        transcripts,
+        steps=config.sft.steps,
+        batch_size=config.sft.batch_size,
+        lr=config.sft.lr,
+        seed=config.seed,
+        length_bucket=config.sft.length_bucket,
+        dtype=model.compute_dtype,
+    )
+    save_hf_checkpoint(
+        out, params, model.config, dtype=config.model.param_dtype, tokenizer_dir=path
+    )
+    logging.info("warm start on %d oracle transcripts saved to %s", len(transcripts), out)
+
+
+def load_policy(config: Any, path: str | None = None) -> LoadedModel:
+    """Loads `path` (default `config.model.path`) onto the config's mesh with its dtypes."""
+    path = path or config.model.path
     if not path:
         raise CheckpointError("no checkpoint given: set --config.model.path=/path/to/hf_model_dir")
     mesh = sharding.mesh_from_config(config.mesh)
@@ -57,9 +117,11 @@ def run(mode: str, config: Any, workdir: str) -> None:
 
     if config.distributed.enabled:
         distributed.initialize(config.distributed)
-    model = load_policy(config)
+    model = load_policy(config, initial_policy(config, workdir))
     if mode == "train":
         trainer.train(config, model, workdir)
+        if config.train.write_report and jax.process_index() == 0:
+            logging.info("report: %s", report.write_report(workdir))
     elif mode == "eval":
         params, step = _trained_params(model, workdir)
         run_ = trainer.build(config, model, workdir)

@@ -352,6 +352,9 @@ class RolloutEngine:
             x = jnp.take(joined, rows, axis=axis)
             if name == "index":
                 return x
+            # The cache may shrink when long rows have ended: the kept rows hold nothing past
+            # `length` (it covers their tokens plus this turn's budget).
+            x = jax.lax.slice_in_dim(x, 0, min(length, x.shape[axis + 1]), axis=axis + 1)
             widths = [(0, 0)] * x.ndim
             widths[axis + 1] = (0, length - x.shape[axis + 1])
             return jnp.pad(x, widths)

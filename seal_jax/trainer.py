@@ -31,7 +31,17 @@ from environments.pool import EnvPool, PoolConfig
 from environments.sources import TaskSource, get_source
 from environments.weighting import DiagnosisWeighting, weight_metrics
 from seal_jax import config as config_lib
-from seal_jax import distributed, episodes, optim, rl, rollout, sharding, train_step, trajectories
+from seal_jax import (
+    distributed,
+    episodes,
+    optim,
+    report,
+    rl,
+    rollout,
+    sharding,
+    train_step,
+    trajectories,
+)
 from seal_jax.chat import ChatFormat
 from seal_jax.checkpointing import Checkpointer
 from seal_jax.metrics import MetricsWriter
@@ -460,6 +470,8 @@ def train(config: Any, model: LoadedModel, workdir: str) -> State:
             )
             if evaluated or state.step % config.train.checkpoint_every == 0:
                 _save(checkpointer, state, evaluated)
+            if evaluated and config.train.write_report and jax.process_index() == 0:
+                report.write_report(workdir)
     checkpointer.close()
     writer.close()
     logging.info("process %d: parameter checksum %s", jax.process_index(), checksum(state.params))
