@@ -8,17 +8,19 @@ and `transcripts.jsonl` (one line per task: verdict, tags, causes, every message
 
 import collections
 import json
+from collections.abc import Callable
 from pathlib import Path
 from typing import Protocol
 
 from absl import app, flags, logging
 from tqdm import tqdm
 
-from environments.bfcl.tasks import CATEGORIES, category_of, load_task, split_ids
+from environments.bfcl.tasks import CATEGORIES, category_of, load_task
 from environments.episode import EpisodeConfig, EpisodeResult
 from environments.policies import NoActionPolicy, OraclePolicy
 from environments.pool import EnvPool, PoolConfig
 from environments.rendering import Message
+from environments.task import ToolTask
 
 
 class Policy(Protocol):
@@ -89,44 +91,53 @@ def write_report(workdir: str | Path, results: list[EpisodeResult], extra: dict)
     return metrics
 
 
-def make_policy(name: str, task_ids: list[str]) -> Policy:
+def make_policy(
+    name: str, task_ids: list[str], load: Callable[[str], ToolTask] = load_task
+) -> Policy:
     """Returns a scripted policy: "oracle" (replays the ground truth) or "noop" (never calls)."""
     if name == "oracle":
-        return OraclePolicy({task_id: load_task(task_id) for task_id in task_ids})
+        return OraclePolicy({task_id: load(task_id) for task_id in task_ids})
     if name == "noop":
         return NoActionPolicy()
     raise ValueError(f"unknown policy {name!r}; use 'oracle' or 'noop'")
 
 
-def _define_flags() -> None:
+def define_flags() -> None:
+    """Flags of the evaluation commands (this module's and environments.suite.evaluate's)."""
     flags.DEFINE_enum("policy", "oracle", ["oracle", "noop"], "Scripted policy to evaluate.")
-    flags.DEFINE_enum(
-        "split", "eval", ["train", "eval"], "Task split (environments/bfcl/split.json)."
-    )
+    flags.DEFINE_enum("split", "eval", ["train", "eval"], "Task split.")
     flags.DEFINE_string(
         "workdir", None, "Where metrics.json and transcripts.jsonl go.", required=True
     )
-    flags.DEFINE_integer("num_workers", 4, "Worker processes of the environment pool.")
+    flags.DEFINE_integer("num_workers", 2, "Worker processes of the environment pool.")
     flags.DEFINE_integer("batch_size", 64, "Episodes run together.")
     flags.DEFINE_integer("max_model_calls", 20, "Assistant messages allowed per episode.")
     flags.DEFINE_integer("limit", 0, "Evaluate only the first N tasks of the split (0: all).")
 
 
-def main(argv: list[str]) -> None:
-    """Runs the evaluation given by the flags."""
-    del argv
-    config = flags.FLAGS
-    task_ids = split_ids(config.split)[: config.limit or None]
-    policy = make_policy(config.policy, task_ids)
+def evaluate_split(env: str) -> None:
+    """Runs the evaluation given by the flags on environment `env` ("bfcl" or "suite")."""
+    from environments.sources import get_source
+
+    config, source = flags.FLAGS, get_source(env)
+    task_ids = source.split_ids(config.split)[: config.limit or None]
+    policy = make_policy(config.policy, task_ids, source.load_task)
     episode = EpisodeConfig(mode="official", max_model_calls=config.max_model_calls)
-    with EnvPool(load_task, PoolConfig(num_workers=config.num_workers, episode=episode)) as pool:
+    pool_config = PoolConfig(num_workers=config.num_workers, episode=episode)
+    with EnvPool(source.load_task, pool_config) as pool:
         results = run_episodes(policy, task_ids, pool, config.batch_size)
-    extra = {"policy": config.policy, "split": config.split, "interface": "plain"}
+    extra = {"env": env, "policy": config.policy, "split": config.split, "interface": "plain"}
     metrics = write_report(config.workdir, results, extra)
     logging.info("accuracy %s mean %.4f", metrics["accuracy"], metrics["mean_accuracy"])
     print(json.dumps({"accuracy": metrics["accuracy"], "mean": metrics["mean_accuracy"]}))
 
 
+def main(argv: list[str]) -> None:
+    """Evaluates on BFCL."""
+    del argv
+    evaluate_split("bfcl")
+
+
 if __name__ == "__main__":
-    _define_flags()
+    define_flags()
     app.run(main)
