@@ -430,8 +430,21 @@ def restore_or_init(run: Run, checkpointer: Checkpointer) -> tuple[State, bool]:
     return restored, True
 
 
-def _save(checkpointer: Checkpointer, state: State, evaluated: bool) -> None:
-    metric = state.last_eval.get("mean", float("-inf")) if evaluated else float("-inf")
+def eval_score(evaluation: dict, key: str) -> float:
+    """The value of `train.best_metric` ("eval/mean" or "eval/accuracy/<category>")."""
+    node: Any = {"eval": evaluation}
+    for part in key.split("/"):
+        if not isinstance(node, dict) or part not in node:
+            raise config_lib.ConfigError(
+                f"--config.train.best_metric={key!r} is not in the evaluation record "
+                "(use eval/mean or eval/accuracy/<category>)"
+            )
+        node = node[part]
+    return float(node)
+
+
+def _save(checkpointer: Checkpointer, state: State, score: float | None) -> None:
+    metric = float("-inf") if score is None else score
     checkpointer.save(state.step, state.params, state.opt_state, state.host_dict(), metric)
 
 
@@ -453,9 +466,11 @@ def train(config: Any, model: LoadedModel, workdir: str) -> State:
         while state.step < last:
             metrics = train_one_step(run, state, pool, ref_params)
             evaluated = bool(every) and (state.step % every == 0 or state.step == last)
+            score = None
             if evaluated:
                 state.last_eval = evaluate(run, state.params, state.step)
-                state.best_metric = max(state.best_metric, state.last_eval["mean"])
+                score = eval_score(state.last_eval, config.train.best_metric)
+                state.best_metric = max(state.best_metric, score)
                 metrics["eval"] = state.last_eval
             writer.write(state.step, metrics)
             rate = (time.perf_counter() - t0) / (state.step - first)
@@ -469,7 +484,7 @@ def train(config: Any, model: LoadedModel, workdir: str) -> State:
                 rate * (last - state.step),
             )
             if evaluated or state.step % config.train.checkpoint_every == 0:
-                _save(checkpointer, state, evaluated)
+                _save(checkpointer, state, score)
             if evaluated and config.train.write_report and jax.process_index() == 0:
                 report.write_report(workdir)
     checkpointer.close()
