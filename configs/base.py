@@ -59,6 +59,7 @@ def base_config() -> ml_collections.ConfigDict:
 
     c.rl = ml_collections.ConfigDict()
     c.rl.group_size = 8  # G rollouts per task
+    c.rl.reward = "binary"  # binary (the paper) | progress (passed turns / turns with a call)
     c.rl.adv_eps = 1e-6
     c.rl.adv_std_normalize = True  # divide by the (unbiased) group std
     c.rl.clip_low = 0.2

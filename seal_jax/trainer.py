@@ -291,6 +291,25 @@ def evaluate(run: Run, params: Any, step: int) -> dict:
     return metrics
 
 
+# Tags of turns whose ground truth makes no call (the right move is to answer in plain text).
+NO_CALL_TAGS = ("correct_abstention", "spurious_tool_call")
+
+
+def episode_rewards(results: Any, kind: str) -> np.ndarray:
+    """Rewards [B]: "binary" (1.0 on success, the paper's) or "progress" (passed turns / turns
+    with a ground-truth call, SEAL_METHOD.md section 5; binary for episodes without such turns).
+    """
+    if kind == "binary":
+        return np.asarray(results.rewards, np.float32)
+    if kind != "progress":
+        raise config_lib.ConfigError(f"--config.rl.reward={kind!r}: use binary or progress")
+    out = []
+    for success, tags in zip(results.rewards, results.turn_tags):
+        graded = [t for t in tags if t not in NO_CALL_TAGS]
+        out.append(sum(t == "pass" for t in graded) / len(graded) if graded else float(success))
+    return np.asarray(out, np.float32)
+
+
 def _rollout_metrics(batch: episodes.EpisodeBatch, source: TaskSource) -> dict:
     """Rewards, success per category, tag fractions, format-error and empty-reply rates."""
     res = batch.results
@@ -357,7 +376,8 @@ def train_one_step(run: Run, state: State, pool: EnvPool, ref_params: Any) -> di
         distributed.allgather_objects(episodes.concatenate(local, parallel=False)), parallel=True
     )
     res = out.results
-    for tags, reward, causes in zip(res.turn_tags, res.rewards, res.turn_causes):
+    rewards = episode_rewards(res, cfg.rl.reward)
+    for tags, reward, causes in zip(res.turn_tags, rewards, res.turn_causes):
         state.weighting.add_episode(tags, float(reward), [c for turn in causes for c in turn])
     state.weighting.update()
     state.interface.update(res.episodes, state.weighting.tag_stats)
@@ -365,7 +385,7 @@ def train_one_step(run: Run, state: State, pool: EnvPool, ref_params: Any) -> di
     group_ids = np.repeat(np.arange(len(task_ids)), cfg.rl.group_size)
     advantages = np.asarray(
         rl.grpo_advantages(
-            res.rewards, group_ids, eps=cfg.rl.adv_eps, std_normalize=cfg.rl.adv_std_normalize
+            rewards, group_ids, eps=cfg.rl.adv_eps, std_normalize=cfg.rl.adv_std_normalize
         )
     )
     causes = [[c for turn in ep for c in turn] for ep in res.turn_causes]
@@ -388,7 +408,8 @@ def train_one_step(run: Run, state: State, pool: EnvPool, ref_params: Any) -> di
         "weights": weight_metrics(np.asarray(weights)),
         "utilities": state.weighting.metrics(),
         "interface": {**state.interface.log_record(), **state.interface.metrics()},
-        "zero_adv_group_fraction": float(rl.zero_advantage_group_fraction(res.rewards, group_ids)),
+        "zero_adv_group_fraction": float(rl.zero_advantage_group_fraction(rewards, group_ids)),
+        "reward_used_mean": float(rewards.mean()),
         "logprob_gap_sampler_vs_recomputed": float(gap.mean()) if gap.size else 0.0,
         "batch_tokens": int(batch["mask"].sum()),
         "loss": update,
