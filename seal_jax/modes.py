@@ -54,6 +54,7 @@ def initial_policy(config: Any, workdir: str) -> str:
 
 def _warm_start(config: Any, path: str, out: str) -> None:
     """Fine-tunes the policy at path on oracle transcripts and saves it to out."""
+    from environments.interface import COMPONENTS, LearningInterface
     from environments.sources import get_source
     from seal_jax.chat import ChatFormat
 
@@ -64,7 +65,14 @@ def _warm_start(config: Any, path: str, out: str) -> None:
         order = np.random.default_rng(config.seed).permutation(len(ids))
         ids = [ids[i] for i in sorted(order[: config.sft.num_tasks])]
     chat = ChatFormat(model.tokenizer(), enable_thinking=config.rollout.enable_thinking)
-    transcripts = sft.oracle_transcripts([source.load_task(i) for i in ids], chat)
+    tasks = [source.load_task(i) for i in ids]
+    # Both views the policy will meet: the plain interface (evaluation) and, when a component is
+    # static (shown from the first step, e.g. the released schema cues), the training interface,
+    # so that RL does not begin with a prompt the warm start never saw.
+    transcripts = sft.oracle_transcripts(tasks, chat)
+    if any(config.interface[c] == "static" for c in COMPONENTS):
+        view = LearningInterface(config.interface).renderer()
+        transcripts += sft.oracle_transcripts(tasks, chat, view)
     params = sft.warm_start(
         model.params,
         model.config,

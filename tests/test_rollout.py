@@ -222,3 +222,51 @@ def test_eight_devices_give_the_same_greedy_tokens(tiny_checkpoints):
     assert result["spec"] == [[None, ["data", "fsdp"], None, "tensor", None], 8]
     assert result["same"], result["rows"]
     assert [len(r) for r in result["rows"]][:3] == [5 + 2 + 1 + 6 + 2 + 6, 5 + 6, 5 + 2 + 3 + 6]
+
+
+def test_cache_shrinks_when_the_long_row_ends_first(tiny_checkpoints):
+    """Regression: when the long rows end and only short rows continue, the next turn's cache
+    bucket is smaller than the current cache; the relayout used to crash in jnp.pad ("index
+    can't contain negative values"). The short rows must continue in the smaller cache and
+    their log-probs must match a teacher-forced forward pass."""
+    path, torch_model = tiny_checkpoints["qwen2_untied"]
+    vocab = torch_model.config.vocab_size
+    sampling = SamplingParams("sample", temperature=0.8)
+    # Stop id out of reach: every turn runs its full budget, so the cache sizes are fixed.
+    eng = engine(path, sampling=sampling, stop_ids=(vocab,), context_limit=128)
+    rng = np.random.default_rng(7)
+    rollout = eng.start(prompts(vocab, (40, 3)), num_samples=1, seed=3)
+    log = {0: [], 1: []}
+    for r, t in rollout.generate(max_new_tokens=6).items():  # 40 + 6 tokens: a 64-slot cache
+        log[r].append(("model", t.ids))
+    first_len = rollout._parts[0][0]["mask"].shape[1]
+    # Row 0 (the long one) ends; row 1 holds 3 + 6 + 4 tokens and gets 6 more: 32 slots.
+    env = rng.integers(0, vocab - 1, 4).tolist()
+    log[1].append(("env", env))
+    turns = rollout.generate({1: env}, max_new_tokens=6)
+    assert list(turns) == [1] and len(turns[1].ids) == 6
+    log[1].append(("model", turns[1].ids))
+    second_len = rollout._parts[0][0]["mask"].shape[1]
+    assert (first_len, second_len) == (64, 32)  # the cache really shrank
+    # A third turn for row 1 in the shrunk cache.
+    env = rng.integers(0, vocab - 1, 2).tolist()
+    log[1].append(("env", env))
+    log[1].append(("model", rollout.generate({1: env}, max_new_tokens=5)[1].ids))
+    assert rollout.live_rows() == [1]
+    model = load_hf_checkpoint(path)
+    for r, ep in enumerate(rollout.episodes()):
+        expected, mask = list(rollout.prompts[r]), [False] * len(rollout.prompts[r])
+        for kind, ids in log[r]:
+            expected += ids
+            mask += [kind == "model"] * len(ids)
+        assert ep.token_ids.tolist() == expected and ep.loss_mask.tolist() == mask
+        n = len(expected)
+        ids = np.asarray([expected], np.int32)
+        positions = np.arange(n)[None]
+        logits, _ = forward_logits(
+            model.params, model.config, ids, positions, np.ones_like(ids, bool)
+        )
+        raw = jax.nn.log_softmax(logits[0, : n - 1])[np.arange(n - 1), ids[0, 1:]]
+        on = ep.loss_mask[1:]
+        assert on.sum() == (6 if r == 0 else 17)
+        np.testing.assert_allclose(ep.raw_logprobs[1:][on], np.asarray(raw)[on], atol=1e-4)
