@@ -134,7 +134,6 @@ def base_config() -> ml_collections.ConfigDict:
     # Rollouts (device side).
     c.rollout = ml_collections.ConfigDict()
     c.rollout.context_limit = 16384
-    c.rollout.max_prompt_tokens = 8192  # longer task prompts are refused with a clear error
     c.rollout.max_new_tokens = 4096  # per model turn
     c.rollout.temperature = 1.0
     c.rollout.top_k = 0  # 0: off

@@ -111,12 +111,14 @@ def load_policy(config: Any, path: str | None = None) -> LoadedModel:
 def _trained_params(model: LoadedModel, workdir: str) -> tuple[Any, int | None]:
     """The newest checkpoint's parameters in workdir (and its step), or the loaded model's."""
     checkpointer = Checkpointer(workdir)
-    step = checkpointer.latest_step()
-    if step is None:
-        return model.params, None
-    params, _ = checkpointer.restore_params(step, model.params)
-    checkpointer.close()
-    return params, step
+    try:
+        step = checkpointer.latest_step()
+        if step is None:
+            return model.params, None
+        params, _ = checkpointer.restore_params(step, model.params)
+        return params, step
+    finally:
+        checkpointer.close()
 
 
 def run(mode: str, config: Any, workdir: str) -> None:

@@ -2,8 +2,8 @@
 
 import pytest
 
+from environments.bfcl import score_task
 from environments.diagnosis import CAUSES, TAGS
-from environments.episode import Episode, EpisodeConfig
 from environments.task import ToolTask
 from environments.toolcall import ToolCall, render_tool_call
 
@@ -88,13 +88,7 @@ ORACLE = [
 
 
 def run(turns, task=TASK, mode="official"):
-    episode = Episode(task, EpisodeConfig(mode=mode))
-    episode.reset()
-    for messages in turns:
-        for text in messages:
-            episode.act(text)
-        episode.finish_turn()
-    return episode.result()
+    return score_task(task, turns, mode)
 
 
 def with_turn(index, messages):

@@ -8,6 +8,7 @@ import sys
 
 import pytest
 
+from environments.bfcl import score_task
 from environments.bfcl.evaluate import run_episodes
 from environments.episode import Episode, EpisodeConfig
 from environments.policies import FINAL_ANSWER, NoActionPolicy, OraclePolicy, oracle_turns
@@ -40,13 +41,7 @@ def find(split, category, predicate):
 
 def play(task, turns, mode="official"):
     """Plays assistant messages turn by turn; returns the EpisodeResult."""
-    episode = Episode(task, EpisodeConfig(mode=mode))
-    episode.reset()
-    for messages in turns:
-        for text in messages:
-            episode.act(text)
-        episode.finish_turn()
-    return episode.result()
+    return score_task(task, turns, mode)
 
 
 def test_generation_is_deterministic_across_processes():
