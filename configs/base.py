@@ -60,6 +60,10 @@ def base_config() -> ml_collections.ConfigDict:
     c.rl = ml_collections.ConfigDict()
     c.rl.group_size = 8  # G rollouts per task
     c.rl.reward = "binary"  # binary (the paper) | progress (passed turns / turns with a call)
+    # Groups whose rewards are all equal have zero advantage. True drops them from the update
+    # (DAPO's filter): token-mean then averages over the tokens that carry signal, and a step
+    # without any such group makes no optimizer step (Adam's momentum would still move weights).
+    c.rl.drop_constant_groups = False
     c.rl.adv_eps = 1e-6
     c.rl.adv_std_normalize = True  # divide by the (unbiased) group std
     c.rl.clip_low = 0.2

@@ -220,16 +220,34 @@ def _put(run: Run, batch: dict[str, np.ndarray]) -> dict[str, jax.Array]:
     return {k: distributed.put_global(np.asarray(v), place) for k, v in batch.items()}
 
 
-def _forward_logprobs(run: Run, params: Any, batch: dict[str, np.ndarray]) -> np.ndarray:
-    """log p(targets) under params for the whole batch, one mini-batch of rows at a time."""
+def _mini_batches(run: Run, batch: dict[str, np.ndarray]) -> list[tuple[np.ndarray, int]]:
+    """(row indices, padded length) of each mini-batch of the step batch. Rows are taken longest
+    first, so each mini-batch is padded only to its own longest row (advantages are per row, so
+    any grouping of rows into mini-batches is valid)."""
     rows = run.config.train.mini_batch_tasks * run.config.rl.group_size
+    lengths = batch["mask"].sum(axis=1)
+    order = np.argsort(-lengths, kind="stable")
+    bucket = run.config.train.length_bucket
+    return [
+        (idx, trajectories.padded_length(lengths[idx], bucket))
+        for idx in (order[start : start + rows] for start in range(0, len(order), rows))
+    ]
+
+
+def _rows(batch: dict[str, np.ndarray], keys: Any, idx: np.ndarray, length: int) -> dict:
+    """The given rows of batch, [B, T] arrays cut to the first `length` positions."""
+    return {k: batch[k][idx, :length] if batch[k].ndim == 2 else batch[k][idx] for k in keys}
+
+
+def _forward_logprobs(run: Run, params: Any, batch: dict[str, np.ndarray]) -> np.ndarray:
+    """log p(targets) [B, T] under params for the whole batch, one mini-batch at a time."""
     keys = ("input_ids", "positions", "mask", "targets")
-    out = []
-    for start in range(0, len(batch["input_ids"]), rows):
-        part = _put(run, {k: batch[k][start : start + rows] for k in keys})
+    out = np.zeros(batch["targets"].shape, np.float32)
+    for idx, length in _mini_batches(run, batch):
+        part = _put(run, _rows(batch, keys, idx, length))
         with jax.set_mesh(run.model.mesh):
-            out.append(distributed.to_host(run.logprob_fn(params, part)))
-    return np.concatenate(out)
+            out[idx, :length] = distributed.to_host(run.logprob_fn(params, part))
+    return out
 
 
 def _set_engine_params(engine: rollout.RolloutEngine, params: Any, run: Run) -> None:
@@ -336,12 +354,11 @@ def _rollout_metrics(batch: episodes.EpisodeBatch, source: TaskSource) -> dict:
 def _update(run: Run, state: State, batch: dict[str, np.ndarray]) -> dict:
     """PPO epochs over mini-batches (optimizer steps) of micro-batches (accumulated)."""
     cfg = run.config
-    rows = cfg.train.mini_batch_tasks * cfg.rl.group_size
     micro = []
     keys = [k for k in batch if k != "sampler_logprobs"]
     for _ in range(cfg.train.ppo_epochs):
-        for start in range(0, len(batch["input_ids"]), rows):
-            mini = {k: batch[k][start : start + rows] for k in keys}
+        for idx, length in _mini_batches(run, batch):
+            mini = _rows(batch, keys, idx, length)
             for part in train_step.split_micro_batches(mini, cfg.optim.grad_accum, cfg.rl.loss_agg):
                 with jax.set_mesh(run.model.mesh):
                     state.params, state.opt_state, m = run.step_fn(
@@ -349,6 +366,14 @@ def _update(run: Run, state: State, batch: dict[str, np.ndarray]) -> dict:
                     )
                 micro.append({k: distributed.to_host(v) for k, v in m.items()})
     return {k: float(np.mean([m[k] for m in micro])) for k in micro[0]}
+
+
+def _update_rows(cfg: Any, advantages: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Rows of the step batch the update trains on, and which of them carry loss (see
+    `trajectories.update_rows`): all of them unless rl.drop_constant_groups."""
+    if cfg.rl.drop_constant_groups:
+        return trajectories.update_rows(advantages, cfg.rl.group_size, cfg.train.mini_batch_tasks)
+    return np.arange(len(advantages)), np.ones(len(advantages), bool)
 
 
 def train_one_step(run: Run, state: State, pool: EnvPool, ref_params: Any) -> dict:
@@ -390,19 +415,24 @@ def train_one_step(run: Run, state: State, pool: EnvPool, ref_params: Any) -> di
     )
     causes = [[c for turn in ep for c in turn] for ep in res.turn_causes]
     weights = state.weighting.weights(res.turn_tags, advantages, causes)
-    batch = trajectories.training_batch(
-        out.sequences, rl.weighted_advantages(advantages, weights), cfg.train.length_bucket
-    )
+    weighted = np.asarray(rl.weighted_advantages(advantages, weights))
     t_update = time.perf_counter()
-    batch["old_logprobs"] = _forward_logprobs(run, state.params, batch)
-    if cfg.rl.kl_coef > 0:
-        batch["ref_logprobs"] = _forward_logprobs(run, ref_params, batch)
-    loss_tokens = batch["loss_mask"]
-    gap = np.abs(batch["old_logprobs"] - batch["sampler_logprobs"])[loss_tokens]
-    update = _update(run, state, batch)
+    rows, trained = _update_rows(cfg, weighted)
+    update, gap, batch_tokens = {}, np.zeros(0), 0
+    if rows.size:
+        batch = trajectories.training_batch(
+            [out.sequences[i] for i in rows], weighted[rows], cfg.train.length_bucket
+        )
+        batch["loss_mask"][~trained] = False
+        batch["old_logprobs"] = _forward_logprobs(run, state.params, batch)
+        if cfg.rl.kl_coef > 0:
+            batch["ref_logprobs"] = _forward_logprobs(run, ref_params, batch)
+        gap = np.abs(batch["old_logprobs"] - batch["sampler_logprobs"])[batch["loss_mask"]]
+        batch_tokens = int(batch["mask"].sum())
+        update = _update(run, state, batch)
     state.step += 1
     t_end = time.perf_counter()
-    tokens = int(loss_tokens.sum())
+    tokens = sum(int(s.loss_mask.sum()) for s in out.sequences)
     return {
         "rollout": _rollout_metrics(out, run.source),
         "weights": weight_metrics(np.asarray(weights)),
@@ -411,7 +441,8 @@ def train_one_step(run: Run, state: State, pool: EnvPool, ref_params: Any) -> di
         "zero_adv_group_fraction": float(rl.zero_advantage_group_fraction(rewards, group_ids)),
         "reward_used_mean": float(rewards.mean()),
         "logprob_gap_sampler_vs_recomputed": float(gap.mean()) if gap.size else 0.0,
-        "batch_tokens": int(batch["mask"].sum()),
+        "batch_tokens": batch_tokens,
+        "update_groups": len(rows) // cfg.rl.group_size,
         "loss": update,
         "time": {
             **out.timings,
@@ -496,11 +527,11 @@ def train(config: Any, model: LoadedModel, workdir: str) -> State:
             writer.write(state.step, metrics)
             rate = (time.perf_counter() - t0) / (state.step - first)
             logging.info(
-                "step %d/%d reward %.3f loss %.4f | %.1fs/step, ETA %.0fs",
+                "step %d/%d reward %.3f loss %s | %.1fs/step, ETA %.0fs",
                 state.step,
                 last,
                 metrics["rollout"]["reward_mean"],
-                metrics["loss"]["loss"],
+                f"{metrics['loss']['loss']:.4f}" if metrics["loss"] else "- (no group with signal)",
                 rate,
                 rate * (last - state.step),
             )

@@ -20,6 +20,26 @@ def padded_length(lengths: Sequence[int], multiple: int) -> int:
     return max(multiple, -(-max(lengths) // multiple) * multiple)
 
 
+def update_rows(
+    advantages: np.ndarray, group_size: int, groups_per_mini_batch: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """The rows an update trains on when groups without signal are dropped (DAPO's filter).
+
+    advantages: [B] per-row advantages, groups of `group_size` consecutive rows. Returns
+    (rows, trained): the row indices of every group with a non-zero advantage, then rows of
+    dropped groups padding them to whole mini-batches of `groups_per_mini_batch` groups, and a
+    [len(rows)] bool that is False on the padding (clear its loss mask). Both are empty when no
+    group has signal, so the caller can skip the optimizer step altogether.
+    """
+    signal = np.any(np.asarray(advantages).reshape(-1, group_size) != 0, axis=1)
+    live, dead = np.flatnonzero(signal), np.flatnonzero(~signal)
+    if not live.size:
+        return np.zeros(0, np.int64), np.zeros(0, bool)
+    groups = np.concatenate([live, dead[: -len(live) % groups_per_mini_batch]])
+    rows = (groups[:, None] * group_size + np.arange(group_size)).reshape(-1)
+    return rows, np.repeat(np.arange(len(groups)) < len(live), group_size)
+
+
 def training_batch(
     sequences: Sequence[Episode], advantages: np.ndarray, length_multiple: int
 ) -> dict[str, np.ndarray]:
