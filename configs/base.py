@@ -35,6 +35,7 @@ def base_config() -> ml_collections.ConfigDict:
     c.sft.steps = 0
     c.sft.batch_size = 8
     c.sft.lr = 3e-3
+    c.sft.categories = ()  # categories of the warm start's training tasks (empty: all)
     c.sft.num_tasks = 0  # training tasks whose oracle transcripts are used (0: all)
     c.sft.length_bucket = 128
 

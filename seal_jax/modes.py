@@ -61,6 +61,14 @@ def _warm_start(config: Any, path: str, out: str) -> None:
     model = load_policy(config, path)
     source = get_source(config.env.name)
     ids = source.split_ids("train")
+    if config.sft.categories:
+        unknown = set(config.sft.categories) - set(source.categories)
+        if unknown:
+            raise config_lib.ConfigError(
+                f"--config.sft.categories: unknown {sorted(unknown)}; "
+                f"the source has {list(source.categories)}"
+            )
+        ids = [i for i in ids if source.category_of(i) in config.sft.categories]
     if config.sft.num_tasks:
         order = np.random.default_rng(config.seed).permutation(len(ids))
         ids = [ids[i] for i in sorted(order[: config.sft.num_tasks])]
