@@ -13,15 +13,19 @@ from configs.base import apply_variant, base_config
 
 
 def get_config(variant: str = "seal") -> ml_collections.ConfigDict:
-    """Sized for about 15 minutes on 2 CPU cores.
+    """Sized for about 15 minutes on 2 CPU cores. The issue's +15 points target is NOT met.
 
-    Measured (seed 0, 2 shared CPU cores): 10.1 min end to end (warm start 2.5 min, 3 full
-    evaluations of ~30 s, 32 RL steps of ~12 s); evaluation mean 16.5% before RL, 21.5% at
-    step 16, 16.5% at step 32. The issue's +15 points target is NOT met. That run's warm start
-    saw only the plain interface while the training rollouts saw the schema cues (sampled
-    success ~14-28% plain vs ~3-8% cued); the warm start now trains on both views. Re-measured
-    with that (same 300 steps over twice the transcripts, cores shared with the test suite):
-    16.0 min, evaluation mean 4.5% -> 4.5% (step 16) -> 6.0% (step 32).
+    Measured (seed 0, 2 CPU cores): 10.1 min end to end with the plain-only warm start, eval
+    mean 16.5% -> 21.5% (step 16) -> 16.5% (step 32); with the warm start on both views (now
+    the code's behaviour) 4.5% -> 4.5% -> 6.0%. Why: after 300 warm-start steps the policy has
+    the format and the right tools but does not yet copy argument values from the user's text
+    (it writes the most frequent training value: `set_ac(temp=22)` for "25 degrees"), and RL on
+    ~2,000 episodes does not teach copying: lr 1e-4 .. 1e-3, the progress reward, dropping
+    constant groups and a full mini-batch all left evaluation flat (1e-3 collapses it); on 8
+    fixed tasks the same update does raise the reward (0.22 -> 0.33 in 5 steps at 1e-4).
+    Copying emerges with more warm start: 1,200 plain steps (~10 min here) give 44.5%, and SEAL
+    RL from there gave 44.5% -> 45.0% (step 12) -> 48.5% (step 24), but that warm start alone
+    spends the budget. See benchmarks/README.md for the full record.
     """
     c = apply_variant(base_config(), variant)
     c.env.name = "suite"
@@ -32,7 +36,7 @@ def get_config(variant: str = "seal") -> ml_collections.ConfigDict:
     c.model.compute_dtype = "float32"
     c.model.remat = False
     c.model.logprob_chunk = 256
-    # 300 steps: greedy eval ~16% (seed 0); 250 steps: ~10%. Warm start on the plain interface.
+    # 300 steps: greedy eval ~16% on the plain view alone (seed 0); 1,200: 44.5%.
     c.sft.steps = 300
     c.sft.num_tasks = 0
     c.rollout.context_limit = 1024
@@ -54,6 +58,8 @@ def get_config(variant: str = "seal") -> ml_collections.ConfigDict:
     c.optim.lr = 1e-4
     c.optim.weight_decay = 0.0
     c.rl.kl_coef = 0.0
+    # ~70% of groups have equal rewards: train only on the others (same direction, faster steps).
+    c.rl.drop_constant_groups = True
     # Adaptive units switch on after a few failing turns among the step's 64 episodes.
     c.interface.on_count = 4.0
     c.interface.off_count = 1.0
