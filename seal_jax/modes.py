@@ -89,6 +89,7 @@ def _warm_start(config: Any, path: str, out: str) -> None:
         steps=config.sft.steps,
         batch_size=config.sft.batch_size,
         lr=config.sft.lr,
+        warmup_steps=config.sft.warmup_steps,
         seed=config.seed,
         length_bucket=config.sft.length_bucket,
         dtype=model.compute_dtype,
