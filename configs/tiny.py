@@ -15,10 +15,11 @@ from configs.base import apply_variant, base_config
 def get_config(variant: str = "seal") -> ml_collections.ConfigDict:
     """Sized for about 15 minutes on 2 CPU cores. The issue's +15 points target is NOT met.
 
-    Measured (seed 0, 2 CPU cores): 10.1 min end to end with the plain-only warm start, eval
-    mean 16.5% -> 21.5% (step 16) -> 16.5% (step 32); with the warm start on both views (now
-    the code's behaviour) 4.5% -> 4.5% -> 6.0%. Why: after 300 warm-start steps the policy has
-    the format and the right tools but does not yet copy argument values from the user's text
+    Measured (seed 0, 2 CPU cores): this config, 13.7 min end to end while the test suite
+    shared the cores (training 6m48s, evaluation 1m56s in report.md), eval mean 4.5% -> 5.5%
+    (step 16) -> 5.0% (step 32). An earlier plain-only warm start: 16.5% -> 21.5% -> 16.5%.
+    Why: after 300 warm-start steps the policy has the format and the right tools but does not
+    yet copy argument values from the user's text
     (it writes the most frequent training value: `set_ac(temp=22)` for "25 degrees"), and RL on
     ~2,000 episodes does not teach copying: lr 1e-4 .. 1e-3, the progress reward, dropping
     constant groups and a full mini-batch all left evaluation flat (1e-3 collapses it); on 8
