@@ -19,11 +19,11 @@ def get_config(variant: str = "seal") -> ml_collections.ConfigDict:
     shared the cores (training 6m48s, evaluation 1m56s in report.md), eval mean 4.5% -> 5.5%
     (step 16) -> 5.0% (step 32). An earlier plain-only warm start: 16.5% -> 21.5% -> 16.5%.
     Why: after 300 warm-start steps the policy has the format and the right tools but does not
-    yet copy argument values from the user's text
-    (it writes the most frequent training value: `set_ac(temp=22)` for "25 degrees"), and RL on
-    ~2,000 episodes does not teach copying: lr 1e-4 .. 1e-3, the progress reward, dropping
-    constant groups and a full mini-batch all left evaluation flat (1e-3 collapses it); on 8
-    fixed tasks the same update does raise the reward (0.22 -> 0.33 in 5 steps at 1e-4).
+    yet copy argument values from the user's text (it writes the most frequent training value:
+    `set_ac(temp=22)` for "25 degrees"), and RL on ~2,000 episodes does not teach copying:
+    lr 1e-4 .. 1e-3, the progress reward, dropping constant groups and a full mini-batch all
+    left evaluation flat (1e-3 collapses it); on 8 fixed tasks the same update does raise the
+    reward (0.22 -> 0.33 in 5 steps at 1e-4).
     Copying emerges with more warm start: 1,200 plain steps (~10 min here) give 44.5%, and SEAL
     RL from there gave 44.5% -> 45.0% (step 12) -> 48.5% (step 24), but that warm start alone
     spends the budget. See benchmarks/README.md for the full record.

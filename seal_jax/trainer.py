@@ -432,9 +432,10 @@ def train_one_step(run: Run, state: State, pool: EnvPool, ref_params: Any) -> di
         update = _update(run, state, batch)
     state.step += 1
     t_end = time.perf_counter()
-    tokens = sum(int(s.loss_mask.sum()) for s in out.sequences)
+    rollout_metrics = _rollout_metrics(out, run.source)
+    tokens = rollout_metrics["tokens_generated"]
     return {
-        "rollout": _rollout_metrics(out, run.source),
+        "rollout": rollout_metrics,
         "weights": weight_metrics(np.asarray(weights)),
         "utilities": state.weighting.metrics(),
         "interface": {**state.interface.log_record(), **state.interface.metrics()},

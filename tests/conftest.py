@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+import shutil
+
 import pytest
 
 from tests import hf_models
@@ -15,3 +18,19 @@ def tiny_checkpoints(tmp_path_factory):
         path = str(tmp_path_factory.mktemp(variant))
         out[variant] = (path, hf_models.build_tiny_checkpoint(path, variant, seed=i))
     return out
+
+
+@pytest.fixture(scope="session")
+def suite_model(tmp_path_factory):
+    """A tiny random Qwen2 checkpoint with the suite's tokenizer (vocabulary and chat format)."""
+    from transformers import AutoTokenizer
+
+    from environments.suite.tokenizer import TOKENIZER_DIR
+
+    path = str(tmp_path_factory.mktemp("suite_model"))
+    tok = AutoTokenizer.from_pretrained(TOKENIZER_DIR, local_files_only=True)
+    eos = tok.convert_tokens_to_ids("<|im_end|>")
+    hf_models.build_tiny_checkpoint(path, "qwen2_tied", vocab_size=len(tok), eos_token_id=eos)
+    for f in os.listdir(TOKENIZER_DIR):
+        shutil.copy(os.path.join(TOKENIZER_DIR, f), path)
+    return path

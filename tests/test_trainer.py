@@ -38,22 +38,6 @@ SUITE_ARGS = [
 
 
 @pytest.fixture(scope="module")
-def suite_model(tmp_path_factory):
-    """A tiny random Qwen2 checkpoint with the suite's tokenizer."""
-    from transformers import AutoTokenizer
-
-    from environments.suite.tokenizer import TOKENIZER_DIR
-
-    path = str(tmp_path_factory.mktemp("suite_model"))
-    tok = AutoTokenizer.from_pretrained(TOKENIZER_DIR, local_files_only=True)
-    eos = tok.convert_tokens_to_ids("<|im_end|>")
-    hf_models.build_tiny_checkpoint(path, "qwen2_tied", vocab_size=len(tok), eos_token_id=eos)
-    for f in os.listdir(TOKENIZER_DIR):
-        shutil.copy(os.path.join(TOKENIZER_DIR, f), path)
-    return path
-
-
-@pytest.fixture(scope="module")
 def compile_cache(tmp_path_factory):
     return str(tmp_path_factory.mktemp("jax_cache"))
 

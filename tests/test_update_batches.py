@@ -1,28 +1,18 @@
 """Mini-batches of the update: rows taken longest first, each padded only to its own rows."""
 
-import os
-import shutil
-
 import numpy as np
 import pytest
 
 from configs.tiny_test import get_config
 from seal_jax import modes, trainer
-from tests import hf_models
 
-VOCAB = 1024  # covers the suite tokenizer's ids
+VOCAB = 860  # below the suite tokenizer's vocabulary (suite_model's embedding rows)
 
 
 @pytest.fixture(scope="module")
-def run(tmp_path_factory):
-    from environments.suite.tokenizer import TOKENIZER_DIR
-
-    path = str(tmp_path_factory.mktemp("model"))
-    hf_models.build_tiny_checkpoint(path, "qwen2_tied", vocab_size=VOCAB, eos_token_id=1)
-    for f in os.listdir(TOKENIZER_DIR):  # build() needs the chat format of a tokenizer
-        shutil.copy(os.path.join(TOKENIZER_DIR, f), path)
+def run(suite_model, tmp_path_factory):
     c = get_config()
-    c.model.path = path
+    c.model.path = suite_model
     c.train.mini_batch_tasks = 2
     c.rl.group_size = 2
     c.train.length_bucket = 16
