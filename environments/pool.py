@@ -148,6 +148,12 @@ class EnvPool:
         for b, reply in replies.items():
             if isinstance(reply, _Failure) and not reply.worker_lost:
                 raise ValueError(f"cannot start episode for {task_ids[b]!r}: {reply.reason}")
+        if replies and all(isinstance(reply, _Failure) for reply in replies.values()):
+            raise RuntimeError(
+                f"no environment worker could start an episode ({replies[0].reason}); workers "
+                "are spawned, so a script that starts a pool needs an "
+                "`if __name__ == '__main__':` guard"
+            )
         return [
             [] if isinstance(replies[b], _Failure) else replies[b] for b in range(len(task_ids))
         ]

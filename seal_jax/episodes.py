@@ -44,6 +44,16 @@ class EpisodeBatch:
     timings: dict[str, float]
 
 
+def _task_opening(openings: Sequence[list], task_id: str) -> list:
+    """The opening of a task's first row that started (rows whose worker was lost have none)."""
+    for opening in openings:
+        if opening:
+            return opening
+    raise RuntimeError(
+        f"task {task_id}: none of its episodes could start (environment workers lost)"
+    )
+
+
 def _reply_text(chat: ChatFormat, ids: Sequence[int]) -> str:
     """The assistant message text of a sampled reply (without its end-of-turn token)."""
     ids = list(ids)
@@ -67,7 +77,10 @@ def run_episodes(
     timings = {"generate_s": 0.0, "env_s": 0.0}
     t0 = time.perf_counter()
     openings = pool.reset(rows, renderer)
-    prompts = [chat.prompt_ids(openings[i * num_samples]) for i in range(len(task_ids))]
+    prompts = [
+        chat.prompt_ids(_task_opening(openings[i * num_samples : (i + 1) * num_samples], task))
+        for i, task in enumerate(task_ids)
+    ]
     limit = engine.config.context_limit - engine.config.max_new_tokens
     for task, prompt in zip(task_ids, prompts):
         if len(prompt) > limit:

@@ -134,3 +134,19 @@ def test_failed_worker_is_replaced_and_its_episodes_fail(bad_call, reason):
         assert results.failure_reasons[3] is None  # finished before the crash, verdict kept
         again, _ = play(pool, Scripted([[call("work"), "Done."]] * 4), ids)
         assert again.rewards.tolist() == [1.0] * 4
+
+
+def load_or_crash(task_id):
+    """Like load_toy_task, but the worker process dies on "crash_<n>" ids."""
+    if task_id.startswith("crash_"):
+        os._exit(3)
+    return load_toy_task(task_id)
+
+
+def test_reset_without_any_worker_is_one_clear_error():
+    with EnvPool(load_or_crash, PoolConfig(num_workers=1, request_timeout_s=10.0)) as pool:
+        with pytest.raises(RuntimeError, match=r"no environment worker could start.*exit code 3"):
+            pool.reset(["crash_0", "crash_1"])
+        # The lost worker was replaced: the pool still runs episodes.
+        results, _ = play(pool, Scripted([[call("work"), "Done."]]), ["toy_0"])
+        assert results.rewards.tolist() == [1.0]

@@ -5,6 +5,7 @@ import numpy as np
 import pytest
 import torch
 
+from seal_jax.episodes import _task_opening
 from seal_jax.models import forward_logits, init_cache, load_hf_checkpoint
 from seal_jax.rollout import CONTEXT_LIMIT, MAX_NEW_TOKENS, STOP, EngineConfig, RolloutEngine
 from seal_jax.sampler import SamplingParams, filtered_logits
@@ -270,3 +271,10 @@ def test_cache_shrinks_when_the_long_row_ends_first(tiny_checkpoints):
         on = ep.loss_mask[1:]
         assert on.sum() == (6 if r == 0 else 17)
         np.testing.assert_allclose(ep.raw_logprobs[1:][on], np.asarray(raw)[on], atol=1e-4)
+
+
+def test_task_prompt_comes_from_a_row_that_started():
+    opening = [{"role": "user", "content": "hi"}]
+    assert _task_opening([[], opening, []], "t") == opening  # row 0's worker was lost
+    with pytest.raises(RuntimeError, match="task t: none of its episodes could start"):
+        _task_opening([[], []], "t")
