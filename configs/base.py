@@ -36,7 +36,9 @@ def base_config() -> ml_collections.ConfigDict:
     c.sft.batch_size = 8
     c.sft.lr = 3e-3  # peak AdamW learning rate, cosine decay to 0 over sft.steps
     c.sft.warmup_steps = 0
-    c.sft.categories = ()  # categories of the warm start's training tasks (empty: all)
+    # Warm-start tasks: "category" (all of its training tasks) or "category:N" (its first N);
+    # empty: every training task.
+    c.sft.categories = ()
     c.sft.num_tasks = 0  # training tasks whose oracle transcripts are used (0: all)
     c.sft.length_bucket = 128
 

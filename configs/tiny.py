@@ -22,9 +22,10 @@ def get_config(variant: str = "seal") -> ml_collections.ConfigDict:
     The warm start covers the base and long_context training tasks only (part of the training
     tasks, as the issue asks), for 1,000 steps: that is what it takes this 2-layer policy to copy
     argument values from the user's text (300 steps did not: 4.5% -> 5.0% with RL). RL then
-    learns what the warm start never showed: answering the turn that reveals a held-back
-    function, and asking instead of guessing when a value is missing. It does not improve
-    copying within this budget. See benchmarks/README.md for the full record.
+    mostly learns to make some decodable call on the turn that reveals a held-back function
+    (the call fails, but official BFCL scoring passes the task because the held-back call
+    already ran a turn earlier), and a little asking instead of guessing on missing values. It
+    does not improve copying within this budget. See benchmarks/README.md for the full record.
     """
     c = apply_variant(base_config(), variant)
     c.env.name = "suite"

@@ -52,6 +52,41 @@ def initial_policy(config: Any, workdir: str) -> str:
     return path
 
 
+def warm_start_ids(categories: Any, source: Any) -> list[str]:
+    """The training tasks named by `sft.categories`, in split order.
+
+    Args:
+      categories: entries "category" (all its training tasks) or "category:N" (its first N);
+        empty means every training task.
+      source: the environments.sources.TaskSource.
+    Raises:
+      ConfigError: an unknown category or a count that is not a positive integer.
+    """
+    ids = source.split_ids("train")
+    if not categories:
+        return ids
+    limits = {}
+    for entry in categories:
+        name, _, count = str(entry).partition(":")
+        if name not in source.categories:
+            raise config_lib.ConfigError(
+                f"--config.sft.categories: unknown {[name]}; "
+                f"the source has {list(source.categories)}"
+            )
+        if count and not (count.isdigit() and int(count) > 0):
+            raise config_lib.ConfigError(
+                f"--config.sft.categories: {entry!r} needs a positive task count after ':'"
+            )
+        limits[name] = int(count) if count else len(ids)
+    chosen, seen = [], dict.fromkeys(limits, 0)
+    for i in ids:
+        category = source.category_of(i)
+        if category in limits and seen[category] < limits[category]:
+            chosen.append(i)
+            seen[category] += 1
+    return chosen
+
+
 def _warm_start(config: Any, path: str, out: str) -> None:
     """Fine-tunes the policy at path on oracle transcripts and saves it to out."""
     from environments.interface import COMPONENTS, LearningInterface
@@ -60,15 +95,7 @@ def _warm_start(config: Any, path: str, out: str) -> None:
 
     model = load_policy(config, path)
     source = get_source(config.env.name)
-    ids = source.split_ids("train")
-    if config.sft.categories:
-        unknown = set(config.sft.categories) - set(source.categories)
-        if unknown:
-            raise config_lib.ConfigError(
-                f"--config.sft.categories: unknown {sorted(unknown)}; "
-                f"the source has {list(source.categories)}"
-            )
-        ids = [i for i in ids if source.category_of(i) in config.sft.categories]
+    ids = warm_start_ids(config.sft.categories, source)
     if config.sft.num_tasks:
         order = np.random.default_rng(config.seed).permutation(len(ids))
         ids = [ids[i] for i in sorted(order[: config.sft.num_tasks])]

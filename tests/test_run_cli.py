@@ -33,6 +33,10 @@ def _run(*args, tmp_path):
         (["--config=configs/qwen.py", "--mode=dance"], "value should be one of"),
         (["--config=configs/qwen.py"], "set --config.model.path"),
         (["--config=configs/tiny.py", "--config.sft.categories=('nope',)"], "unknown ['nope']"),
+        (
+            ["--config=configs/tiny.py", "--config.sft.categories=('base:0',)"],
+            "'base:0' needs a positive task count",
+        ),
     ],
 )
 def test_user_errors_are_one_line(tmp_path, args, message):

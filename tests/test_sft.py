@@ -12,9 +12,10 @@ import pytest
 from environments.episode import Episode, EpisodeConfig
 from environments.policies import oracle_turns
 from environments.pool import EnvPool, PoolConfig
+from environments.sources import get_source
 from environments.suite import load_task, load_tasks
+from seal_jax import modes, sft
 from seal_jax import rollout as rollout_lib
-from seal_jax import sft
 from seal_jax.chat import ChatFormat
 from seal_jax.episodes import run_episodes
 from seal_jax.models import forward_logits, load_hf_checkpoint
@@ -259,3 +260,13 @@ print("same")
 
 def test_warm_start_on_two_devices_matches_one():
     assert run_with_devices(_SHARDED_CODE, num_devices=2).strip().endswith("same")
+
+
+def test_warm_start_tasks_take_whole_categories_and_first_n_of_others():
+    source = get_source("suite")
+    train = source.split_ids("train")
+    of = {c: [i for i in train if source.category_of(i) == c] for c in source.categories}
+    ids = modes.warm_start_ids(("base", "miss_param:3"), source)
+    assert ids == of["base"] + of["miss_param"][:3]
+    assert modes.warm_start_ids((), source) == train
+    assert modes.warm_start_ids(("long_context:1000",), source) == of["long_context"]
