@@ -81,6 +81,13 @@ class EpisodeResult:
         """Binary reward: 1.0 on success."""
         return float(self.success)
 
+    @property
+    def strict_success(self) -> bool:
+        """`success` that also passes BFCL's `multi_turn_irrelevance_checker`: no call on a turn
+        whose ground truth makes none. bfcl_eval ships that check but its runner does not apply
+        it, so official success accepts a held-back function called before its reveal."""
+        return self.success and "spurious_tool_call" not in self.turn_tags
+
 
 class Episode:
     """One agent episode on one task: `reset`, then `step` until done, then `result`.

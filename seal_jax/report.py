@@ -6,7 +6,8 @@
 * `tag_distribution.png`: the share of each turn tag in the training rollouts, stacked;
 * `tag_utilities.png`: the closed-loop tag utilities rho (and cause utilities, dashed);
 * `interface.png`: active units per interface component, and the interface version;
-* `report.md`: the evaluation before RL against the last one, per category, with the plots.
+* `report.md`: the evaluation before RL against the last one, per category (and the mean with
+  BFCL's irrelevance check as well, see EpisodeResult.strict_success), with the plots.
 
 A plot whose data is not in the log yet (say, no evaluation line) is skipped and report.md says
 why. Figures are drawn with `matplotlib.figure.Figure`, never pyplot, so no GUI backend or global
@@ -115,6 +116,13 @@ def _summary(records: Sequence[dict]) -> list[str]:
         change = f"{100 * (after - before):+.1f}" if None not in (before, after) else "n/a"
         cells = [_points(v) if v is not None else "n/a" for v in (before, after)]
         lines.append(f"| {name} | {cells[0]} | {cells[1]} | {change} |")
+    if None not in (first["eval"].get("strict_mean"), last["eval"].get("strict_mean")):
+        lines += [
+            "",
+            f"With BFCL's irrelevance check as well (no call on a turn whose ground truth makes "
+            f"none; bfcl_eval ships it, its runner does not apply it): mean "
+            f"{_points(first['eval']['strict_mean'])} -> {_points(last['eval']['strict_mean'])}.",
+        ]
     if first is last:
         lines += ["", "_Only one evaluation so far: no improvement to report yet._"]
     return lines + [""]

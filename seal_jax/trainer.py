@@ -276,7 +276,11 @@ def eval_task_ids(source: TaskSource, limit: int) -> list[str]:
 
 
 def evaluate(run: Run, params: Any, step: int) -> dict:
-    """Greedy episodes on the evaluation split with the plain interface; per-category accuracy."""
+    """Greedy episodes on the evaluation split with the plain interface.
+
+    Returns per-category official accuracy and its mean, the same with BFCL's irrelevance check
+    (`strict_accuracy`, `strict_mean`; see EpisodeResult.strict_success), turn tag counts,
+    the number of tasks and the seconds taken."""
     ids = eval_task_ids(run.source, run.config.train.eval_limit)
     _set_engine_params(run.eval_engine, params, run)
     t0 = time.perf_counter()
@@ -288,24 +292,35 @@ def evaluate(run: Run, params: Any, step: int) -> dict:
             chunk = mine[start : start + size]
             out = episodes.run_episodes(run.eval_engine, run.chat, pool, chunk, 1, seed=step)
             local += [
-                (t, bool(r.success), r.turn_tags) for t, r in zip(chunk, out.results.episodes)
+                (t, bool(r.success), r.strict_success, r.turn_tags)
+                for t, r in zip(chunk, out.results.episodes)
             ]
     results = [x for part in distributed.allgather_objects(local) for x in part]
-    successes: dict[str, list[bool]] = {}
+    successes: dict[str, list[tuple[bool, bool]]] = {}
     tags: dict[str, int] = {}
-    for task_id, success, turn_tags in results:
-        successes.setdefault(run.source.category_of(task_id), []).append(success)
+    for task_id, success, strict, turn_tags in results:
+        successes.setdefault(run.source.category_of(task_id), []).append((success, strict))
         for tag in turn_tags:
             tags[tag] = tags.get(tag, 0) + 1
-    accuracy = {c: float(np.mean(successes[c])) for c in run.source.categories if c in successes}
+    found = [c for c in run.source.categories if c in successes]
+    accuracy = {c: float(np.mean([s for s, _ in successes[c]])) for c in found}
+    strict = {c: float(np.mean([s for _, s in successes[c]])) for c in found}
     metrics = {
         "accuracy": accuracy,
         "mean": float(np.mean(list(accuracy.values()))),
+        "strict_accuracy": strict,
+        "strict_mean": float(np.mean(list(strict.values()))),
         "tags": tags,
         "num_tasks": len(results),
         "seconds": time.perf_counter() - t0,
     }
-    logging.info("eval at step %d: mean %.4f %s", step, metrics["mean"], accuracy)
+    logging.info(
+        "eval at step %d: mean %.4f %s (strict mean %.4f)",
+        step,
+        metrics["mean"],
+        accuracy,
+        metrics["strict_mean"],
+    )
     return metrics
 
 

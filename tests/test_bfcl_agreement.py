@@ -8,7 +8,10 @@ import re
 
 import pytest
 from bfcl_eval.eval_checker.multi_turn_eval import multi_turn_utils
-from bfcl_eval.eval_checker.multi_turn_eval.multi_turn_checker import multi_turn_checker
+from bfcl_eval.eval_checker.multi_turn_eval.multi_turn_checker import (
+    multi_turn_checker,
+    multi_turn_irrelevance_checker,
+)
 
 from environments.bfcl import all_task_ids, load_task, score
 from environments.bfcl.tasks import raw_entries
@@ -35,13 +38,19 @@ def official_decode(text):
     return decoded
 
 
-def official_verdict(task_id, assistant_turns):
-    """The verdict of bfcl_eval's pipeline (eval_runner's decoding + multi_turn_checker)."""
-    entry, answer = next(
+def _raw(task_id):
+    return next(
         (e, a)
         for e, a in raw_entries(task_id.rsplit("_", 1)[0][len("multi_turn_") :])
         if e["id"] == task_id
     )
+
+
+def official_verdict(task_id, assistant_turns, irrelevance=False):
+    """The verdict of bfcl_eval's pipeline (eval_runner's decoding + multi_turn_checker), and
+    with `irrelevance` also its multi_turn_irrelevance_checker (shipped, not run by the runner).
+    """
+    entry, answer = _raw(task_id)
     if len(assistant_turns) != len(answer["ground_truth"]):
         return False  # eval_runner: "force_terminated"
     decoded_turns = []
@@ -64,6 +73,8 @@ def official_verdict(task_id, assistant_turns):
     finally:  # The checker caches instances in module globals; drop ours.
         for key in [k for k in vars(multi_turn_utils) if k.startswith(model_name)]:
             del vars(multi_turn_utils)[key]
+    if irrelevance and result["valid"]:
+        return multi_turn_irrelevance_checker(decoded_turns, answer["ground_truth"])["valid"]
     return result["valid"]
 
 
@@ -176,3 +187,20 @@ def test_perturbed_corpus_matches_official_verdicts(kind):
         assert any(verdicts), "corpus should contain cases the checker accepts"
     if kind in REJECTING_KINDS:
         assert not all(verdicts), "corpus should contain cases the checker rejects"
+
+
+@pytest.mark.parametrize("kind", ["calls_on_irrelevance_turn", "hostile_calls", "early_stop"])
+def test_strict_success_matches_the_official_irrelevance_check(kind):
+    rng = random.Random(PERTURBATIONS.index(kind))
+    verdicts = []
+    for task_id in all_task_ids():
+        if "miss" not in task_id:  # Only these categories have turns without ground truth.
+            continue
+        turns = _perturb(kind, oracle_turns(load_task(task_id)), rng)
+        if turns is None:
+            continue
+        result = score(task_id, turns)
+        assert result.strict_success == official_verdict(task_id, turns, irrelevance=True)
+        verdicts.append((result.success, result.strict_success))
+    if kind == "calls_on_irrelevance_turn":  # Accepted officially, rejected by the strict check.
+        assert any(success and not strict for success, strict in verdicts)

@@ -138,6 +138,7 @@ def test_evaluation_writes_metrics_and_transcripts(tmp_path, policy, accuracy):
     metrics = evaluate.write_report(tmp_path, results, {"policy": policy})
     assert metrics["mean_accuracy"] == accuracy
     assert set(metrics["accuracy"]) == set(CATEGORIES)
+    assert set(metrics["strict_accuracy"].values()) == {accuracy}  # the oracle never guesses
     saved = json.loads((tmp_path / "metrics.json").read_text())
     assert saved["tag_histogram"] == metrics["tag_histogram"]
     lines = (tmp_path / "transcripts.jsonl").read_text().splitlines()

@@ -13,9 +13,15 @@ from seal_jax import report
 CATEGORIES = ("base", "miss_func", "miss_param", "long_context")
 
 
-def _eval(step: int, accuracy: list[float], seconds: float) -> dict:
+def _eval(step: int, accuracy: list[float], seconds: float, strict_mean: float = 0.0) -> dict:
     acc = dict(zip(CATEGORIES, accuracy))
-    return {"accuracy": acc, "mean": sum(accuracy) / 4, "num_tasks": 200, "seconds": seconds}
+    return {
+        "accuracy": acc,
+        "mean": sum(accuracy) / 4,
+        "strict_mean": strict_mean,
+        "num_tasks": 200,
+        "seconds": seconds,
+    }
 
 
 def _train(step: int) -> dict:
@@ -52,7 +58,7 @@ PLOTS = (report.EVAL_PLOT, report.TAGS_PLOT, report.UTILITIES_PLOT, report.INTER
 def test_report_writes_every_plot_and_the_final_numbers(tmp_path):
     records = [{"step": 0, "eval": _eval(0, [0.10, 0.0, 0.20, 0.30], 12.0)}]
     records += [_train(s) for s in (1, 2, 3)]
-    records[-1]["eval"] = _eval(3, [0.50, 0.0, 0.30, 0.26], 14.0)
+    records[-1]["eval"] = _eval(3, [0.50, 0.0, 0.30, 0.26], 14.0, strict_mean=0.125)
     _write(tmp_path, records)
 
     path = report.write_report(str(tmp_path))
@@ -66,6 +72,7 @@ def test_report_writes_every_plot_and_the_final_numbers(tmp_path):
     assert "| miss_func | 0.0 | 0.0 | +0.0 |" in text
     assert "| long_context | 30.0 | 26.0 | -4.0 |" in text
     assert "| **mean** | 15.0 | 26.5 | +11.5 |" in text
+    assert "irrelevance check as well" in text and "mean 0.0 -> 12.5." in text
     assert "Training steps: 3." in text
     assert "Wall time: 1m56s (training 1m30s, evaluation 0m26s)" in text
     for name in PLOTS:

@@ -206,6 +206,8 @@ def test_eval_and_export_modes(suite_model, compile_cache, tmp_path):
     _run(_command(suite_model, workdir, "--mode=eval", *limit), env)
     report = json.loads((workdir / "eval_hf.json").read_text())
     assert report["num_tasks"] == 8 and len(report["accuracy"]) == 4  # round-robin categories
+    assert report["strict_accuracy"].keys() == report["accuracy"].keys()
+    assert all(report["strict_accuracy"][c] <= report["accuracy"][c] for c in report["accuracy"])
 
     _run(_command(suite_model, workdir, "--config.train.max_steps=1"), env)
     _run(_command(suite_model, workdir, "--mode=export"), env)

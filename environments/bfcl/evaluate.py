@@ -52,15 +52,18 @@ def run_episodes(
 
 
 def summarize(results: list[EpisodeResult]) -> dict:
-    """Returns accuracy per category present, their mean, and tag and cause histograms."""
+    """Returns accuracy per category present, their mean, the same with BFCL's irrelevance
+    check (`strict_accuracy`, see EpisodeResult.strict_success), and tag and cause histograms."""
     by_category = collections.defaultdict(list)
     for result in results:
         by_category[category_of(result.task_id)].append(result)
-    metrics = {"num_tasks": len(results), "accuracy": {}, "tag_histogram": {}}
+    metrics = {"num_tasks": len(results), "accuracy": {}, "strict_accuracy": {}}
+    metrics["tag_histogram"] = {}
     metrics["cause_histogram"] = {}
     for category in [c for c in CATEGORIES if c in by_category]:
         group = by_category[category]
         metrics["accuracy"][category] = sum(r.success for r in group) / len(group)
+        metrics["strict_accuracy"][category] = sum(r.strict_success for r in group) / len(group)
         tags = collections.Counter(tag for r in group for tag in r.turn_tags)
         causes = collections.Counter(c for r in group for turn in r.turn_causes for c in turn)
         metrics["tag_histogram"][category] = dict(sorted(tags.items()))
@@ -81,6 +84,7 @@ def write_report(workdir: str | Path, results: list[EpisodeResult], extra: dict)
             record = {
                 "id": r.task_id,
                 "success": r.success,
+                "strict_success": r.strict_success,
                 "turn_tags": r.turn_tags,
                 "turn_causes": [sorted(causes) for causes in r.turn_causes],
                 "turn_error_kinds": r.turn_error_kinds,
