@@ -11,7 +11,8 @@ variants' work directories, so every variant of a seed starts RL from the very s
 each run is read from its `metrics.jsonl`; the script writes, into --out_dir:
 
 * `results.md`: mean and standard deviation over seeds of the final evaluation success per
-  category and of their mean, plus the warm-started policy's (step 0) mean;
+  category and of their mean, plus the warm-started policy's (step 0) mean and the mean with
+  BFCL's irrelevance check as well (before -> final; see EpisodeResult.strict_success);
 * `results.json`: every run's before / final numbers and wall time;
 * `comparison.png`: one grouped bar chart (final success per category and mean, +- std).
 
@@ -102,6 +103,8 @@ def summary(workdir: str) -> dict | None:
     return {
         "before": {**first["eval"]["accuracy"], "mean": first["eval"]["mean"]},
         "final": {**last["eval"]["accuracy"], "mean": last["eval"]["mean"]},
+        # The mean with BFCL's irrelevance check too (None in logs written before it existed).
+        "strict": [first["eval"].get("strict_mean"), last["eval"].get("strict_mean")],
         "final_step": last["step"],
     }
 
@@ -145,7 +148,8 @@ def table(results: dict[str, list[dict]]) -> tuple[list[str], list[str]]:
             keys += [k for k in r["final"] if k != "mean" and k not in keys]
     keys.append("mean")
     seeds = max(len(runs) for runs in results.values())
-    header = ["variant", *keys, "mean at step 0 (warm start)", "runs", "wall s / run"]
+    header = ["variant", *keys, "mean at step 0 (warm start)", "strict mean: step 0 -> final"]
+    header += ["runs", "wall s / run"]
     lines = [
         f"Final evaluation success (%), mean ± std over {seeds} seed(s) (std: ddof 0).",
         "",
@@ -158,7 +162,11 @@ def table(results: dict[str, list[dict]]) -> tuple[list[str], list[str]]:
             values = 100 * np.asarray([r["final"][k] for r in runs])
             cells.append(f"{values.mean():.1f} ± {values.std():.1f}")
         before = 100 * np.asarray([r["before"]["mean"] for r in runs])
-        cells += [f"{before.mean():.1f}", str(len(runs)),
+        strict = [r.get("strict", [None, None]) for r in runs]
+        strict_cell = "n/a"
+        if all(None not in pair for pair in strict):
+            strict_cell = " -> ".join(f"{100 * np.mean(col):.1f}" for col in zip(*strict))
+        cells += [f"{before.mean():.1f}", strict_cell, str(len(runs)),
                   f"{np.mean([r['wall_s'] for r in runs]):.0f}"]  # fmt: skip
         lines.append("| " + " | ".join(cells) + " |")
     return lines, keys
