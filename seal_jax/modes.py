@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import json
 import os
-from typing import Any
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
 
 import jax
 import numpy as np
@@ -22,6 +23,9 @@ from seal_jax import config as config_lib
 from seal_jax import report, sft, sharding
 from seal_jax.checkpointing import Checkpointer
 from seal_jax.models import CheckpointError, LoadedModel, load_hf_checkpoint, save_hf_checkpoint
+
+if TYPE_CHECKING:
+    from environments.sources import TaskSource
 
 
 def initial_policy(config: Any, workdir: str) -> str:
@@ -52,7 +56,7 @@ def initial_policy(config: Any, workdir: str) -> str:
     return path
 
 
-def warm_start_ids(categories: Any, source: Any) -> list[str]:
+def warm_start_ids(categories: Sequence[str], source: TaskSource) -> list[str]:
     """The training tasks named by `sft.categories`, in split order.
 
     Args:
