@@ -162,7 +162,7 @@ def table(results: dict[str, list[dict]]) -> tuple[list[str], list[str]]:
             values = 100 * np.asarray([r["final"][k] for r in runs])
             cells.append(f"{values.mean():.1f} ± {values.std():.1f}")
         before = 100 * np.asarray([r["before"]["mean"] for r in runs])
-        strict = [r.get("strict", [None, None]) for r in runs]
+        strict = [r["strict"] for r in runs]
         strict_cell = "n/a"
         if all(None not in pair for pair in strict):
             strict_cell = " -> ".join(f"{100 * np.mean(col):.1f}" for col in zip(*strict))

@@ -296,15 +296,17 @@ def evaluate(run: Run, params: Any, step: int) -> dict:
                 for t, r in zip(chunk, out.results.episodes)
             ]
     results = [x for part in distributed.allgather_objects(local) for x in part]
-    successes: dict[str, list[tuple[bool, bool]]] = {}
+    by_category: dict[str, list[tuple[bool, bool]]] = {}
     tags: dict[str, int] = {}
-    for task_id, success, strict, turn_tags in results:
-        successes.setdefault(run.source.category_of(task_id), []).append((success, strict))
+    for task_id, success, strict_success, turn_tags in results:
+        by_category.setdefault(run.source.category_of(task_id), []).append(
+            (success, strict_success)
+        )
         for tag in turn_tags:
             tags[tag] = tags.get(tag, 0) + 1
-    found = [c for c in run.source.categories if c in successes]
-    accuracy = {c: float(np.mean([s for s, _ in successes[c]])) for c in found}
-    strict = {c: float(np.mean([s for _, s in successes[c]])) for c in found}
+    means = {c: np.mean(by_category[c], axis=0) for c in run.source.categories if c in by_category}
+    accuracy = {c: float(m[0]) for c, m in means.items()}
+    strict = {c: float(m[1]) for c, m in means.items()}
     metrics = {
         "accuracy": accuracy,
         "mean": float(np.mean(list(accuracy.values()))),

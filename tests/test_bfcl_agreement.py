@@ -38,19 +38,15 @@ def official_decode(text):
     return decoded
 
 
-def _raw(task_id):
-    return next(
-        (e, a)
-        for e, a in raw_entries(task_id.rsplit("_", 1)[0][len("multi_turn_") :])
-        if e["id"] == task_id
-    )
-
-
 def official_verdict(task_id, assistant_turns, irrelevance=False):
     """The verdict of bfcl_eval's pipeline (eval_runner's decoding + multi_turn_checker), and
     with `irrelevance` also its multi_turn_irrelevance_checker (shipped, not run by the runner).
     """
-    entry, answer = _raw(task_id)
+    entry, answer = next(
+        (e, a)
+        for e, a in raw_entries(task_id.rsplit("_", 1)[0][len("multi_turn_") :])
+        if e["id"] == task_id
+    )
     if len(assistant_turns) != len(answer["ground_truth"]):
         return False  # eval_runner: "force_terminated"
     decoded_turns = []
