@@ -57,9 +57,13 @@ def summarize(results: list[EpisodeResult]) -> dict:
     by_category = collections.defaultdict(list)
     for result in results:
         by_category[category_of(result.task_id)].append(result)
-    metrics = {"num_tasks": len(results), "accuracy": {}, "strict_accuracy": {}}
-    metrics["tag_histogram"] = {}
-    metrics["cause_histogram"] = {}
+    metrics = {
+        "num_tasks": len(results),
+        "accuracy": {},
+        "strict_accuracy": {},
+        "tag_histogram": {},
+        "cause_histogram": {},
+    }
     for category in [c for c in CATEGORIES if c in by_category]:
         group = by_category[category]
         metrics["accuracy"][category] = sum(r.success for r in group) / len(group)
