@@ -163,8 +163,8 @@ class RolloutEngine:
         self.batch_shards = int(np.prod([mesh.shape[a] for a in BATCH_AXES]))
         kv_axis = "tensor" if cfg.num_kv_heads % mesh.shape["tensor"] == 0 else None
         self._cache_sharding = {
-            "k": NamedSharding(mesh, P(None, BATCH_AXES, None, kv_axis, None)),
-            "v": NamedSharding(mesh, P(None, BATCH_AXES, None, kv_axis, None)),
+            "k": NamedSharding(mesh, P(None, BATCH_AXES, kv_axis, None, None)),
+            "v": NamedSharding(mesh, P(None, BATCH_AXES, kv_axis, None, None)),
             "mask": NamedSharding(mesh, P(BATCH_AXES, None)),
             "index": NamedSharding(mesh, P(BATCH_AXES)),
         }
@@ -347,20 +347,20 @@ class RolloutEngine:
         """One cache made of batch rows `rows` [B'] of the caches laid end to end (repeats
         allowed), padded to `length` slots."""
 
-        def gather(name: str, axis: int) -> jax.Array:
+        def gather(name: str, axis: int, slot_axis: int | None) -> jax.Array:
             joined = jnp.concatenate([c[name] for c in caches], axis=axis)
             x = jnp.take(joined, rows, axis=axis)
-            if name == "index":
+            if slot_axis is None:
                 return x
             # The cache may shrink when long rows have ended: the kept rows hold nothing past
             # `length` (it covers their tokens plus this turn's budget).
-            x = jax.lax.slice_in_dim(x, 0, min(length, x.shape[axis + 1]), axis=axis + 1)
+            x = jax.lax.slice_in_dim(x, 0, min(length, x.shape[slot_axis]), axis=slot_axis)
             widths = [(0, 0)] * x.ndim
-            widths[axis + 1] = (0, length - x.shape[axis + 1])
+            widths[slot_axis] = (0, length - x.shape[slot_axis])
             return jnp.pad(x, widths)
 
-        return {"k": gather("k", 1), "v": gather("v", 1), "mask": gather("mask", 0),
-                "index": gather("index", 0)}  # fmt: skip
+        return {"k": gather("k", 1, 3), "v": gather("v", 1, 3), "mask": gather("mask", 0, 1),
+                "index": gather("index", 0, None)}  # fmt: skip
 
 
 @dataclasses.dataclass

@@ -220,7 +220,7 @@ def test_eight_devices_give_the_same_greedy_tokens(tiny_checkpoints):
     path, _ = tiny_checkpoints["qwen3"]
     out = run_with_devices(f"import sys; sys.argv = ['x', {path!r}]\n" + SHARDED)
     result = __import__("json").loads(out.strip().splitlines()[-1])
-    assert result["spec"] == [[None, ["data", "fsdp"], None, "tensor", None], 8]
+    assert result["spec"] == [[None, ["data", "fsdp"], "tensor", None, None], 8]
     assert result["same"], result["rows"]
     assert [len(r) for r in result["rows"]][:3] == [5 + 2 + 1 + 6 + 2 + 6, 5 + 6, 5 + 2 + 3 + 6]
 

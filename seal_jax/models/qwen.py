@@ -9,7 +9,10 @@ Inputs are explicit: `input_ids [B, T]`, `positions [B, T]` (RoPE positions) and
 (1 for real tokens). A key is visible to a query when it sits at the same or an earlier slot and
 is a real token, so left padding, right padding and padding in the middle of a cache all work.
 
-KV cache (see `init_cache`): `{"k", "v": [L, B, S, KVH, D], "mask": [B, S] bool, "index": int32}`.
+KV cache (see `init_cache`): `{"k", "v": [L, B, KVH, S, D], "mask": [B, S] bool, "index": int32}`.
+Heads come before slots so that one row's keys of one head are contiguous: decode attention is
+then a batched matrix product over (row, head), and a decode step on CPU takes ~0.55x the time it
+took with slots before heads (benchmarks/README.md, "KV cache layout").
 A call with a cache writes its T new tokens at slots `index .. index + T - 1` (same for every row)
 and advances `index`; queries attend to every valid cached slot before `index` and, causally, to
 the call's own real tokens.
@@ -73,19 +76,19 @@ def attention(
     visible: jax.Array,
     extra: tuple[jax.Array, jax.Array, jax.Array] | None = None,
 ) -> jax.Array:
-    """Grouped-query attention: q [B,T,H,D], k/v [B,S,KVH,D], visible [B,T,S] -> [B,T,H,D].
+    """Grouped-query attention: q [B,T,H,D], k/v [B,KVH,S,D], visible [B,T,S] -> [B,T,H,D].
 
     extra: a second (k, v, visible) block softmaxed jointly with the first. A cached call passes
     the cache as the first block and its own new keys as the second, so the cache is only read
     (never copied to splice the new keys in).
     """
     b, t, h, d = q.shape
-    kvh = k.shape[2]
+    kvh = k.shape[1]
     q = q.reshape(b, t, kvh, h // kvh, d)
     blocks = [(k, v, visible)] + ([extra] if extra is not None else [])
     scores = []
     for k_i, _, visible_i in blocks:
-        s_i = jnp.einsum("btkgd,bskd->bkgts", q, k_i, preferred_element_type=jnp.float32)
+        s_i = jnp.einsum("btkgd,bksd->bkgts", q, k_i, preferred_element_type=jnp.float32)
         # A finite minimum (not -inf) keeps fully masked padding rows finite; output unused.
         scores.append(
             jnp.where(visible_i[:, None, None], s_i * (d**-0.5), jnp.finfo(jnp.float32).min)
@@ -93,16 +96,16 @@ def attention(
     probs = jax.nn.softmax(jnp.concatenate(scores, axis=-1), axis=-1).astype(v.dtype)
     out, start = 0, 0
     for k_i, v_i, _ in blocks:
-        p_i = probs[..., start : start + k_i.shape[1]]
-        out = out + jnp.einsum("bkgts,bskd->btkgd", p_i, v_i)
-        start += k_i.shape[1]
-    return out.reshape(b, t, h, d)
+        p_i = probs[..., start : start + k_i.shape[2]]
+        out = out + jnp.einsum("bkgts,bksd->bkgtd", p_i, v_i)
+        start += k_i.shape[2]
+    return out.transpose(0, 3, 1, 2, 4).reshape(b, t, h, d)
 
 
 def causal_attention(
     q: jax.Array, k: jax.Array, v: jax.Array, key_mask: jax.Array, chunk: int
 ) -> jax.Array:
-    """Causal GQA over a whole sequence (no cache): q [B,T,H,D], k/v [B,T,KVH,D] -> [B,T,H,D].
+    """Causal GQA over a whole sequence (no cache): q [B,T,H,D], k/v [B,KVH,T,D] -> [B,T,H,D].
 
     Queries are processed `chunk` at a time, each chunk rematerialised in the backward pass, so
     the scores held at once are [B, H, chunk, T] instead of [B, H, T, T] (16k-token episodes).
@@ -126,19 +129,27 @@ def causal_attention(
     return out.swapaxes(0, 1).reshape(q.shape[0], n * chunk, *q.shape[2:])[:, :t]
 
 
-def write_cache(buf: jax.Array, new: jax.Array, index: jax.Array, axis: int = 0) -> jax.Array:
+def write_cache(
+    buf: jax.Array, new: jax.Array, index: jax.Array, batch_axis: int, slot_axis: int
+) -> jax.Array:
     """Writes new into buf at slot `index` (scalar) or `index[b]` per row.
 
-    buf is [..., B, S, ...] with the batch at `axis`; new has T slots in place of S. Per-row
-    writes that fall past the end of the buffer are dropped (only padding can be there).
+    buf has its batch (B) at `batch_axis` and its slots (S) at `slot_axis`; new has T slots in
+    place of S. Per-row writes that fall past the end of the buffer are dropped (only padding
+    can be there). The write is a scatter into buf, in place when buf is donated.
     """
     if index.ndim == 0:
         start = [0] * buf.ndim
-        start[axis + 1] = index
+        start[slot_axis] = index
         return jax.lax.dynamic_update_slice(buf, new, tuple(start))
-    rows = jnp.arange(buf.shape[axis])[:, None]
-    slots = index[:, None] + jnp.arange(new.shape[axis + 1])
-    return buf.at[(slice(None),) * axis + (rows, slots)].set(new, mode="drop")
+    rows = jnp.arange(buf.shape[batch_axis])[:, None]
+    slots = index[:, None] + jnp.arange(new.shape[slot_axis])
+    where = [slice(None)] * buf.ndim
+    where[batch_axis], where[slot_axis] = rows, slots
+    # Advanced indices [B, T] come first in the indexed shape (they are not adjacent in buf).
+    rest = [a for a in range(new.ndim) if a not in (batch_axis, slot_axis)]
+    new = new.transpose(batch_axis, slot_axis, *rest) if batch_axis + 1 != slot_axis else new
+    return buf.at[tuple(where)].set(new, mode="drop")
 
 
 def _dense(features: int, name: str, dtype: Any, param_dtype: Any, bias: bool = False) -> nn.Dense:
@@ -170,6 +181,7 @@ class SelfAttention(nn.Module):
             k = RMSNorm(cfg.rms_norm_eps, dt, pdt, name="k_norm")(k)
         q = apply_rope(q, ctx["cos"], ctx["sin"])
         k = apply_rope(k, ctx["cos"], ctx["sin"])
+        k, v = k.swapaxes(1, 2), v.swapaxes(1, 2)  # [B, KVH, T, D], the cache's layout
         if layer_cache is not None:
             # The new keys are returned, not written here: the caller writes all layers' keys at
             # once, in place, instead of copying every layer's cache slice through the scan.
@@ -292,12 +304,12 @@ class Qwen(nn.Module):
         x, new_layer_cache = self.layers(x, layer_cache, ctx)
         new_cache = None
         if cache is not None:
-            k, v = (write_cache(c, n, index, axis=1) for c, n in zip(layer_cache, new_layer_cache))
+            k, v = (write_cache(c, n, index, 1, 3) for c, n in zip(layer_cache, new_layer_cache))
             advance = t if index.ndim == 0 else jnp.sum(mask, axis=1, dtype=jnp.int32)
             new_cache = {
                 "k": k,
                 "v": v,
-                "mask": write_cache(cache["mask"], mask, index),
+                "mask": write_cache(cache["mask"], mask, index, 0, 1),
                 "index": index + advance,
             }
         return self.norm(x), new_cache
@@ -374,7 +386,7 @@ def init_cache(
 
     per_row: give every row its own write pointer (`index` int32 [B]; see the module docstring).
     """
-    shape = (cfg.num_layers, batch, length, cfg.num_kv_heads, cfg.head_dim)
+    shape = (cfg.num_layers, batch, cfg.num_kv_heads, length, cfg.head_dim)
     return {
         "k": jnp.zeros(shape, dtype),
         "v": jnp.zeros(shape, dtype),
