@@ -17,8 +17,9 @@ with `seal_jax.chat.ChatFormat`); the finished sequence of a row is exactly prom
 Device side (jit, one compiled program per bucket shape, counted and logged):
   * Cache: the model's KV cache with a per-row write pointer (`init_cache(per_row=True)`), so a
     row's slot equals its token position and rows of any raggedness share one cache of
-    `cache_len` slots: the smallest power of two (capped at the context limit) holding the longest
-    live row plus its turn budget. It grows between turns, never during one.
+    `cache_len` slots: the smallest power of two or 1.5x a power of two (capped at the context
+    limit) holding the longest live row plus its turn budget, so attention reads at most a third
+    more slots than needed. It grows between turns, never during one.
   * Prefill: right-padded pieces of at most `prefill_chunk` tokens (power-of-two widths), which
     bounds attention memory for long prompts. Only tokens not yet in the cache are prefilled: a
     new turn costs its environment tokens, never the history.
@@ -75,7 +76,7 @@ class EngineConfig:
       prefill_chunk: most tokens prefilled per row in one call (a power of two).
       decode_segment: most tokens decoded per compiled loop; rows that finished their turn are
         dropped from the batch between segments when that halves it.
-      min_cache_len: smallest cache bucket.
+      min_cache_len: fewest cache slots (rounded up to a bucket, see `RolloutEngine.cache_len`).
       cache_dtype: dtype of cached keys and values (default: the compute dtype).
     """
 
@@ -231,8 +232,11 @@ class RolloutEngine:
         return out
 
     def cache_len(self, tokens_needed: int) -> int:
-        """Cache bucket holding `tokens_needed` tokens per row."""
-        size = _pow2_at_least(tokens_needed, self.config.min_cache_len)
+        """Cache bucket holding `tokens_needed` tokens per row: 2^k or 3 * 2^(k-1) slots."""
+        need = max(tokens_needed, self.config.min_cache_len)
+        size = _pow2_at_least(need)
+        if size >= 4 and size * 3 // 4 >= need:
+            size = size * 3 // 4
         return min(size, self.config.context_limit)
 
     def batch_bucket(self, rows: int) -> int:

@@ -238,17 +238,17 @@ def test_cache_shrinks_when_the_long_row_ends_first(tiny_checkpoints):
     rng = np.random.default_rng(7)
     rollout = eng.start(prompts(vocab, (40, 3)), num_samples=1, seed=3)
     log = {0: [], 1: []}
-    for r, t in rollout.generate(max_new_tokens=6).items():  # 40 + 6 tokens: a 64-slot cache
+    for r, t in rollout.generate(max_new_tokens=6).items():  # 40 + 6 tokens: 48 slots (3 x 16)
         log[r].append(("model", t.ids))
     first_len = rollout._parts[0][0]["mask"].shape[1]
-    # Row 0 (the long one) ends; row 1 holds 3 + 6 + 4 tokens and gets 6 more: 32 slots.
+    # Row 0 (the long one) ends; row 1 holds 3 + 6 + 4 tokens and gets 6 more: 24 slots.
     env = rng.integers(0, vocab - 1, 4).tolist()
     log[1].append(("env", env))
     turns = rollout.generate({1: env}, max_new_tokens=6)
     assert list(turns) == [1] and len(turns[1].ids) == 6
     log[1].append(("model", turns[1].ids))
     second_len = rollout._parts[0][0]["mask"].shape[1]
-    assert (first_len, second_len) == (64, 32)  # the cache really shrank
+    assert (first_len, second_len) == (48, 24)  # the cache really shrank
     # A third turn for row 1 in the shrunk cache.
     env = rng.integers(0, vocab - 1, 2).tolist()
     log[1].append(("env", env))
