@@ -75,20 +75,23 @@ def attention(
     v: jax.Array,
     visible: jax.Array,
     extra: tuple[jax.Array, jax.Array, jax.Array] | None = None,
+    heads_first: bool = False,
 ) -> jax.Array:
-    """Grouped-query attention: q [B,T,H,D], k/v [B,KVH,S,D], visible [B,T,S] -> [B,T,H,D].
+    """Grouped-query attention: q [B,T,H,D], k/v [B,S,KVH,D], visible [B,T,S] -> [B,T,H,D].
 
     extra: a second (k, v, visible) block softmaxed jointly with the first. A cached call passes
     the cache as the first block and its own new keys as the second, so the cache is only read
     (never copied to splice the new keys in).
+    heads_first: k/v are [B,KVH,S,D] (the cache's layout; see the module docstring).
     """
     b, t, h, d = q.shape
-    kvh = k.shape[1]
+    kv = "bksd" if heads_first else "bskd"
+    slot_axis, kvh = kv.index("s"), k.shape[kv.index("k")]
     q = q.reshape(b, t, kvh, h // kvh, d)
     blocks = [(k, v, visible)] + ([extra] if extra is not None else [])
     scores = []
     for k_i, _, visible_i in blocks:
-        s_i = jnp.einsum("btkgd,bksd->bkgts", q, k_i, preferred_element_type=jnp.float32)
+        s_i = jnp.einsum(f"btkgd,{kv}->bkgts", q, k_i, preferred_element_type=jnp.float32)
         # A finite minimum (not -inf) keeps fully masked padding rows finite; output unused.
         scores.append(
             jnp.where(visible_i[:, None, None], s_i * (d**-0.5), jnp.finfo(jnp.float32).min)
@@ -96,16 +99,19 @@ def attention(
     probs = jax.nn.softmax(jnp.concatenate(scores, axis=-1), axis=-1).astype(v.dtype)
     out, start = 0, 0
     for k_i, v_i, _ in blocks:
-        p_i = probs[..., start : start + k_i.shape[2]]
-        out = out + jnp.einsum("bkgts,bksd->bkgtd", p_i, v_i)
-        start += k_i.shape[2]
-    return out.transpose(0, 3, 1, 2, 4).reshape(b, t, h, d)
+        p_i = probs[..., start : start + k_i.shape[slot_axis]]
+        # Heads-first: XLA's CPU dot is fast with the output in the operands' (b, k) order.
+        out = out + jnp.einsum(f"bkgts,{kv}->" + ("bkgtd" if heads_first else "btkgd"), p_i, v_i)
+        start += k_i.shape[slot_axis]
+    if heads_first:
+        out = out.transpose(0, 3, 1, 2, 4)
+    return out.reshape(b, t, h, d)
 
 
 def causal_attention(
     q: jax.Array, k: jax.Array, v: jax.Array, key_mask: jax.Array, chunk: int
 ) -> jax.Array:
-    """Causal GQA over a whole sequence (no cache): q [B,T,H,D], k/v [B,KVH,T,D] -> [B,T,H,D].
+    """Causal GQA over a whole sequence (no cache): q [B,T,H,D], k/v [B,T,KVH,D] -> [B,T,H,D].
 
     Queries are processed `chunk` at a time, each chunk rematerialised in the backward pass, so
     the scores held at once are [B, H, chunk, T] instead of [B, H, T, T] (16k-token episodes).
@@ -181,13 +187,12 @@ class SelfAttention(nn.Module):
             k = RMSNorm(cfg.rms_norm_eps, dt, pdt, name="k_norm")(k)
         q = apply_rope(q, ctx["cos"], ctx["sin"])
         k = apply_rope(k, ctx["cos"], ctx["sin"])
-        k, v = k.swapaxes(1, 2), v.swapaxes(1, 2)  # [B, KVH, T, D], the cache's layout
         if layer_cache is not None:
             # The new keys are returned, not written here: the caller writes all layers' keys at
             # once, in place, instead of copying every layer's cache slice through the scan.
-            k, v = k.astype(dt), v.astype(dt)
+            k, v = k.swapaxes(1, 2).astype(dt), v.swapaxes(1, 2).astype(dt)  # the cache's layout
             new = (k, v, ctx["visible_new"])
-            out = attention(q, layer_cache[0], layer_cache[1], ctx["visible"], new)
+            out = attention(q, *layer_cache, ctx["visible"], new, heads_first=True)
             new_cache = (k, v)
         else:
             out = causal_attention(q, k, v, ctx["key_mask"], self.attn_chunk)
