@@ -74,6 +74,12 @@ def base_config() -> ml_collections.ConfigDict:
     c.rl.clip_high = 0.2
     c.rl.dual_clip = 10.0  # 0 disables dual-clip
     c.rl.log_ratio_clamp = 20.0
+    # The PPO ratio's denominator: "recompute" runs the trainer's forward pass over the batch
+    # before the update (exact for the trainer's numerics, e.g. bf16 on TPU); "sampler" takes
+    # the rollout engine's untempered log-probs and saves that pass (a quarter of the update),
+    # right when both compute alike (float32; with "recompute" the logged
+    # logprob_gap_sampler_vs_recomputed shows how far apart they are).
+    c.rl.old_logprobs = "recompute"
     c.rl.kl_coef = 0.001
     c.rl.kl_estimator = "k3"  # k1 | k2 | k3 ("low_var_kl")
     c.rl.entropy_coef = 0.0

@@ -43,6 +43,7 @@ def validate(c: Any) -> None:
     _choice(c.weighting.mode, "weighting.mode", ("all", "positive", "negative"))
     _choice(c.env.name, "env.name", ("bfcl", "suite"))
     _choice(c.rl.reward, "rl.reward", ("binary", "progress"))
+    _choice(c.rl.old_logprobs, "rl.old_logprobs", ("recompute", "sampler"))
     _choice(c.env.train_mode, "env.train_mode", ("training", "official"))
     for key in (
         "interface.schema_cues",

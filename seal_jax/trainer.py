@@ -441,10 +441,13 @@ def train_one_step(run: Run, state: State, pool: EnvPool, ref_params: Any) -> di
             [out.sequences[i] for i in rows], weighted[rows], cfg.train.length_bucket
         )
         batch["loss_mask"][~trained] = False
-        batch["old_logprobs"] = _forward_logprobs(run, state.params, batch)
+        if cfg.rl.old_logprobs == "sampler":
+            batch["old_logprobs"] = batch["sampler_logprobs"]
+        else:
+            batch["old_logprobs"] = _forward_logprobs(run, state.params, batch)
+            gap = np.abs(batch["old_logprobs"] - batch["sampler_logprobs"])[batch["loss_mask"]]
         if cfg.rl.kl_coef > 0:
             batch["ref_logprobs"] = _forward_logprobs(run, ref_params, batch)
-        gap = np.abs(batch["old_logprobs"] - batch["sampler_logprobs"])[batch["loss_mask"]]
         batch_tokens = int(batch["mask"].sum())
         update = _update(run, state, batch)
     state.step += 1
@@ -458,7 +461,11 @@ def train_one_step(run: Run, state: State, pool: EnvPool, ref_params: Any) -> di
         "interface": {**state.interface.log_record(), **state.interface.metrics()},
         "zero_adv_group_fraction": float(rl.zero_advantage_group_fraction(rewards, group_ids)),
         "reward_used_mean": float(rewards.mean()),
-        "logprob_gap_sampler_vs_recomputed": float(gap.mean()) if gap.size else 0.0,
+        **(
+            {"logprob_gap_sampler_vs_recomputed": float(gap.mean()) if gap.size else 0.0}
+            if cfg.rl.old_logprobs == "recompute"
+            else {}
+        ),
         "batch_tokens": batch_tokens,
         "update_groups": len(rows) // cfg.rl.group_size,
         "loss": update,

@@ -3,7 +3,9 @@
 Row b holds one episode's ids right-padded to a common length T (a multiple of
 `length_multiple`, so the update compiles for a few shapes only). `targets[:, t]` is the id at
 t + 1, and every per-token array is aligned to targets: `loss_mask[:, t]` is True when the id at
-t + 1 was sampled by the model, `sampler_logprobs[:, t]` is the sampler's log-prob of it.
+t + 1 was sampled by the model, `sampler_logprobs[:, t]` is its log-prob under the sampler's
+untempered distribution (softmax of the engine's logits), which a recompute by the trainer
+should match up to numerics.
 """
 
 from __future__ import annotations
@@ -46,7 +48,8 @@ def training_batch(
     """The rl.py batch for these episodes, with per-row (already weighted) advantages [B].
 
     Returns input_ids, positions, mask, targets, loss_mask, advantages and sampler_logprobs (the
-    rollout's own log-probs, logged against the recomputed old log-probs).
+    rollout's own untempered log-probs: the old log-probs with rl.old_logprobs="sampler", else
+    logged against the recomputed ones).
     """
     b = len(sequences)
     t = padded_length([len(s.token_ids) for s in sequences], length_multiple)
@@ -63,7 +66,7 @@ def training_batch(
         batch["mask"][row, :n] = True
         batch["targets"][row, : n - 1] = seq.token_ids[1:]
         batch["loss_mask"][row, : n - 1] = seq.loss_mask[1:]
-        batch["sampler_logprobs"][row, : n - 1] = seq.logprobs[1:]
+        batch["sampler_logprobs"][row, : n - 1] = seq.raw_logprobs[1:]
     batch["positions"] = np.broadcast_to(np.arange(t, dtype=np.int32), (b, t)).copy()
     batch["advantages"] = np.asarray(advantages, np.float32)
     return batch

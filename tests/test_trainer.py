@@ -222,6 +222,26 @@ def test_eval_and_export_modes(suite_model, compile_cache, tmp_path):
     assert json.loads((workdir / "eval_step1.json").read_text())["num_tasks"] == 8
 
 
+def test_sampler_old_logprobs_skip_the_recompute(suite_model, compile_cache, tmp_path):
+    """rl.old_logprobs=sampler takes the PPO ratio's denominator from the engine: the same
+    rollouts, no recompute gap logged, and ratios at 1 (a misaligned or tempered log-prob
+    would put them far off; the recompute's own agreement is checked against the logged gap)."""
+    env = _env(compile_cache)
+    args = ["--config.train.max_steps=1"]
+    recompute, sampler = tmp_path / "recompute", tmp_path / "sampler"
+    _run(_command(suite_model, recompute, *args), env)
+    _run(_command(suite_model, sampler, *args, "--config.rl.old_logprobs=sampler"), env)
+    step = {}
+    for name, workdir in (("recompute", recompute), ("sampler", sampler)):
+        step[name] = json.loads((workdir / "metrics.jsonl").read_text().splitlines()[-1])
+    assert step["recompute"]["logprob_gap_sampler_vs_recomputed"] < 1e-4
+    assert "logprob_gap_sampler_vs_recomputed" not in step["sampler"]
+    assert step["sampler"]["rollout"] == step["recompute"]["rollout"]  # same rollouts
+    for name in ("recompute", "sampler"):
+        loss = step[name]["loss"]
+        assert 0.99 < loss["ratio_min"] <= loss["ratio_max"] < 1.01, (name, loss)
+
+
 def test_eight_devices_match_one(suite_model, compile_cache, tmp_path):
     args = [
         "--config.train.max_steps=1",

@@ -1,10 +1,43 @@
-"""Dropping constant-reward groups from the update (rl.drop_constant_groups)."""
+"""The update batch: next-token alignment, and dropping constant-reward groups
+(rl.drop_constant_groups)."""
 
 import jax.numpy as jnp
 import numpy as np
 
 from seal_jax import rl
-from seal_jax.trajectories import update_rows
+from seal_jax.rollout import Episode
+from seal_jax.trajectories import training_batch, update_rows
+
+
+def test_batch_aligns_ids_masks_and_untempered_sampler_logprobs_to_targets():
+    rng = np.random.default_rng(0)
+    episodes = []
+    for n in (5, 9):
+        sampled = rng.random(n) < 0.5
+        sampled[0] = False  # the first id is always prompt
+        raw = np.where(sampled, -rng.random(n), 0).astype(np.float32)
+        episodes.append(
+            Episode(
+                token_ids=rng.integers(1, 50, n).astype(np.int32),
+                loss_mask=sampled,
+                logprobs=np.where(sampled, raw - 1, 0).astype(np.float32),  # tempered: differ
+                raw_logprobs=raw,
+                prompt_len=1,
+                num_turns=1,
+                stop_reason="stop",
+            )
+        )
+    batch = training_batch(episodes, np.asarray([0.5, -0.5], np.float32), length_multiple=4)
+    assert batch["input_ids"].shape == (2, 12)  # 9 rounded up to a multiple of 4
+    for row, ep in enumerate(episodes):
+        n = len(ep.token_ids)
+        # Position t predicts the id at t + 1: targets, loss mask and log-probs are shifted.
+        np.testing.assert_array_equal(batch["input_ids"][row, :n], ep.token_ids)
+        np.testing.assert_array_equal(batch["targets"][row, : n - 1], ep.token_ids[1:])
+        np.testing.assert_array_equal(batch["loss_mask"][row, : n - 1], ep.loss_mask[1:])
+        np.testing.assert_array_equal(batch["sampler_logprobs"][row, : n - 1], ep.raw_logprobs[1:])
+        assert not batch["mask"][row, n:].any() and not batch["loss_mask"][row, n - 1 :].any()
+        assert not batch["sampler_logprobs"][row, n - 1 :].any()
 
 
 def test_keeps_groups_with_signal_and_pads_with_dropped_ones():
