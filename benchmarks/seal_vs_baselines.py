@@ -7,7 +7,9 @@ Every variant of configs.base.VARIANTS runs `run.py --config=configs/tiny.py:<va
 the same budget and seeds (`--config.seed=<s>`), one run at a time. For each seed the scratch
 policy and its warm start are built once (by the first variant) and copied into the other
 variants' work directories, so every variant of a seed starts RL from the very same policy
-(run.py reuses a work directory's `scratch_policy/` and `warm_start/`). The final evaluation of
+(run.py reuses a work directory's `scratch_policy/` and `warm_start/`); --warm_starts_from takes
+them from an earlier comparison's run directories instead, which saves a warm start (~7 min) per
+seed when only RL settings changed. The final evaluation of
 each run is read from its `metrics.jsonl`; the script writes, into --out_dir:
 
 * `results.md`: mean and standard deviation over seeds of the final evaluation success per
@@ -48,9 +50,16 @@ flags.DEFINE_string("out_dir", "workdirs/seal_vs_baselines", "Table, plot, JSON.
 flags.DEFINE_string("workdir_root", "", "Run work directories (default: <out_dir>/runs).")
 flags.DEFINE_bool("reuse", False, "Keep finished runs found in the work directories.")
 flags.DEFINE_string("config", "configs/tiny.py", "Config file the variants are taken from.")
+flags.DEFINE_string(
+    "warm_starts_from",
+    "",
+    "An earlier comparison's run directory (its <out_dir>/runs): each seed copies scratch_policy "
+    "and warm_start from a <variant>_seed<s> there. They are used as they are, so they must come "
+    "from the same model and sft settings.",
+)
 # Budget overrides (None: the config's value), applied to every run alike.
 flags.DEFINE_integer("max_steps", None, "train.max_steps")
-flags.DEFINE_integer("eval_every", None, "train.eval_every (0 also works: only before/after)")
+flags.DEFINE_integer("eval_every", None, "train.eval_every (>= max_steps: only before and after)")
 flags.DEFINE_integer("eval_limit", None, "train.eval_limit (evaluation tasks; 0: all 200)")
 flags.DEFINE_integer("sft_steps", None, "sft.steps")
 flags.DEFINE_integer("batch_tasks", None, "train.batch_tasks")
@@ -107,6 +116,19 @@ def summary(workdir: str) -> dict | None:
         "strict": [first["eval"].get("strict_mean"), last["eval"].get("strict_mean")],
         "final_step": last["step"],
     }
+
+
+def earlier_warm_start(seed: int) -> str:
+    """The run directory under --warm_starts_from that holds seed `seed`'s warm start."""
+    root = os.path.abspath(FLAGS.warm_starts_from)
+    names = sorted(os.listdir(root)) if os.path.isdir(root) else []
+    for name in names:
+        path = os.path.join(root, name)
+        if name.endswith(f"_seed{seed}") and all(
+            os.path.isdir(os.path.join(path, s)) for s in SHARED
+        ):
+            return path
+    raise app.UsageError(f"--warm_starts_from: no <variant>_seed{seed} with {SHARED} in {root}")
 
 
 def run_one(variant: str, seed: int, workdir: str, shared_from: str | None) -> dict:
@@ -205,7 +227,7 @@ def main(argv: list[str]) -> None:
     results: dict[str, list[dict]] = {v: [] for v in FLAGS.variants}
     start = time.perf_counter()
     for seed in seeds:
-        shared_from = None
+        shared_from = earlier_warm_start(seed) if FLAGS.warm_starts_from else None
         for variant in FLAGS.variants:
             workdir = os.path.join(root, f"{variant}_seed{seed}")
             results[variant].append({"seed": seed, **run_one(variant, seed, workdir, shared_from)})
