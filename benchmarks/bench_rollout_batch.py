@@ -50,20 +50,19 @@ def main() -> None:
     make_tiny_policy(path)
     mesh = sharding.mesh_from_config(get_config().mesh)
     model = load_hf_checkpoint(path, mesh=mesh, dtype=jnp.float32, compute_dtype=jnp.float32)
-    rng = np.random.default_rng(0)
+    rng, vocab = np.random.default_rng(0), model.config.vocab_size
     print("| rows | cache slots | turn s | ms per decode step |")
     print("| ---: | ---: | ---: | ---: |")
     for cache in map(int, args.caches.split(",")):
         config = EngineConfig(
             context_limit=cache,
             max_new_tokens=args.new_tokens,
-            stop_ids=(model.config.vocab_size,),  # never sampled: every row runs its budget
+            stop_ids=(vocab,),  # never sampled: every row runs its budget
             sampling=SamplingParams("sample", temperature=1.0),
             min_cache_len=cache,
         )
         engine = RolloutEngine(model.params, model.config, mesh, config)
         for rows in map(int, args.rows.split(",")):
-            vocab = model.config.vocab_size
             prompts = [
                 rng.integers(0, vocab, args.prompt_len).tolist() for _ in range(rows // SAMPLES)
             ]

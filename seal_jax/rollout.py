@@ -53,7 +53,7 @@ from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from seal_jax.models.config import QwenConfig
-from seal_jax.models.qwen import Qwen, init_cache
+from seal_jax.models.qwen import CACHE_AXES, Qwen, init_cache
 from seal_jax.sampler import SamplingParams, sample
 from seal_jax.sharding import BATCH_AXES
 
@@ -235,7 +235,7 @@ class RolloutEngine:
         """Cache bucket holding `tokens_needed` tokens per row: 2^k or 3 * 2^(k-1) slots."""
         need = max(tokens_needed, self.config.min_cache_len)
         size = _pow2_at_least(need)
-        if size >= 4 and size * 3 // 4 >= need:
+        if size * 3 // 4 >= need:
             size = size * 3 // 4
         return min(size, self.config.context_limit)
 
@@ -363,8 +363,7 @@ class RolloutEngine:
             widths[slot_axis] = (0, length - x.shape[slot_axis])
             return jnp.pad(x, widths)
 
-        return {"k": gather("k", 1, 3), "v": gather("v", 1, 3), "mask": gather("mask", 0, 1),
-                "index": gather("index", 0, None)}  # fmt: skip
+        return {name: gather(name, *axes) for name, axes in CACHE_AXES.items()}
 
 
 @dataclasses.dataclass

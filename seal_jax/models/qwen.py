@@ -135,6 +135,10 @@ def causal_attention(
     return out.swapaxes(0, 1).reshape(q.shape[0], n * chunk, *q.shape[2:])[:, :t]
 
 
+# (batch axis, slot axis) of each cache entry (`init_cache`); index has no slot axis.
+CACHE_AXES = {"k": (1, 3), "v": (1, 3), "mask": (0, 1), "index": (0, None)}
+
+
 def write_cache(
     buf: jax.Array, new: jax.Array, index: jax.Array, batch_axis: int, slot_axis: int
 ) -> jax.Array:
@@ -309,12 +313,15 @@ class Qwen(nn.Module):
         x, new_layer_cache = self.layers(x, layer_cache, ctx)
         new_cache = None
         if cache is not None:
-            k, v = (write_cache(c, n, index, 1, 3) for c, n in zip(layer_cache, new_layer_cache))
+            k, v = (
+                write_cache(c, n, index, *CACHE_AXES[name])
+                for name, c, n in zip("kv", layer_cache, new_layer_cache)
+            )
             advance = t if index.ndim == 0 else jnp.sum(mask, axis=1, dtype=jnp.int32)
             new_cache = {
                 "k": k,
                 "v": v,
-                "mask": write_cache(cache["mask"], mask, index, 0, 1),
+                "mask": write_cache(cache["mask"], mask, index, *CACHE_AXES["mask"]),
                 "index": index + advance,
             }
         return self.norm(x), new_cache
