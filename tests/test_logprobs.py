@@ -93,3 +93,83 @@ def test_query_chunked_attention_matches_one_block(tiny_checkpoints):
     np.testing.assert_allclose(np.asarray(chunked)[valid], np.asarray(whole)[valid], atol=1e-5)
     for a, b in zip(jax.tree.leaves(g_whole), jax.tree.leaves(g_chunked)):
         np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=1e-5, rtol=1e-4)
+
+
+def _shared_prompt_batch(vocab, prompt_lengths=(7, 4), rows_per_prompt=3, width=16):
+    """Whole sequences [B, width] and the same rows as prompts [G, P] plus continuations [B, T]."""
+    rng = np.random.default_rng(1)
+    b = len(prompt_lengths) * rows_per_prompt
+    whole = {"ids": np.zeros((b, width), np.int32), "mask": np.zeros((b, width), bool)}
+    p_width, t_width = max(prompt_lengths), width
+    prompt = {"ids": np.zeros((len(prompt_lengths), p_width), np.int32)}
+    prompt["mask"] = np.arange(p_width)[None, :] < np.asarray(prompt_lengths)[:, None] - 1
+    rest = {"ids": np.zeros((b, t_width), np.int32), "mask": np.zeros((b, t_width), bool)}
+    rest["positions"] = np.zeros((b, t_width), np.int32)
+    starts = []
+    for g, p_len in enumerate(prompt_lengths):
+        shared = rng.integers(1, vocab, p_len)
+        prompt["ids"][g, : p_len - 1] = shared[:-1]
+        for r in range(rows_per_prompt):
+            row = g * rows_per_prompt + r
+            seq = np.concatenate([shared, rng.integers(1, vocab, rng.integers(2, width - p_len))])
+            whole["ids"][row, : len(seq)], whole["mask"][row, : len(seq)] = seq, True
+            tail = seq[p_len - 1 :]
+            rest["ids"][row, : len(tail)], rest["mask"][row, : len(tail)] = tail, True
+            rest["positions"][row] = p_len - 1 + np.arange(t_width)
+            starts.append(p_len - 1)
+    prompt["positions"] = np.broadcast_to(np.arange(p_width, dtype=np.int32), prompt["ids"].shape)
+    return whole, prompt, rest, np.asarray(starts)
+
+
+def test_shared_prompt_log_probs_and_gradients_match_whole_sequences(tiny_checkpoints):
+    """Rows that share a prompt, the prompt run once per group: the same log-probs as torch on
+    the whole sequences, and the same gradient as the plain forward (the group's gradient
+    through the prompt is summed over its rows)."""
+    path, torch_model = tiny_checkpoints["qwen3"]
+    vocab = torch_model.config.vocab_size
+    whole, prompt, rest, starts = _shared_prompt_batch(vocab)
+    b, width = whole["ids"].shape
+    positions = np.broadcast_to(np.arange(width, dtype=np.int32), (b, width))
+    logits = torch.tensor(
+        hf_models.torch_logits(torch_model, whole["ids"], positions, whole["mask"])
+    )
+    targets = np.roll(whole["ids"], -1, axis=1)
+    expected = torch.log_softmax(logits, -1).gather(-1, torch.tensor(targets)[..., None])[..., 0]
+    rest_targets = np.roll(rest["ids"], -1, axis=1)
+    # the same loss tokens in both layouts: every continuation id after the prompt's last one
+    loss_whole = np.zeros((b, width), np.float32)
+    loss_rest = (rest["mask"] & np.roll(rest["mask"], -1, axis=1)).astype(np.float32)
+    for row, start in enumerate(starts):
+        n = int(loss_rest[row].sum())
+        loss_whole[row, start : start + n] = 1.0
+    weights = np.random.default_rng(2).normal(size=(b, 1)).astype(np.float32)
+    model = load_hf_checkpoint(path)
+    shared = (prompt["ids"], prompt["positions"], prompt["mask"])
+
+    def loss(params, is_shared):
+        if is_shared:
+            logp, _ = token_logprobs(
+                params,
+                model.config,
+                rest["ids"],
+                rest["positions"],
+                rest["mask"],
+                rest_targets,
+                chunk=4,
+                attn_chunk=3,
+                prompt=shared,
+            )
+            return jnp.sum(logp * loss_rest * weights), logp
+        logp, _ = token_logprobs(
+            params, model.config, whole["ids"], positions, whole["mask"], targets, chunk=4
+        )
+        return jnp.sum(logp * loss_whole * weights), logp
+
+    (_, got), g_shared = jax.value_and_grad(loss, has_aux=True)(model.params, True)
+    _, g_whole = jax.value_and_grad(loss, has_aux=True)(model.params, False)
+    for row, start in enumerate(starts):
+        n = int(loss_rest[row].sum())
+        want = expected[row, start : start + n].numpy()
+        np.testing.assert_allclose(np.asarray(got)[row, :n], want, atol=1e-4)
+    for a, c in zip(jax.tree.leaves(g_whole), jax.tree.leaves(g_shared)):
+        np.testing.assert_allclose(np.asarray(c), np.asarray(a), atol=1e-5, rtol=1e-4)

@@ -35,6 +35,9 @@ from seal_jax.models.config import QwenConfig
 
 Params = Any
 Cache = dict[str, jax.Array]
+# (ids, positions, mask) [G, P] of prompts shared by groups of rows: row b continues prompt
+# b // (B / G), and its positions go on from where the prompt ends.
+SharedPrompt = tuple[jax.Array, jax.Array, jax.Array]
 
 
 class RMSNorm(nn.Module):
@@ -109,20 +112,30 @@ def attention(
 
 
 def causal_attention(
-    q: jax.Array, k: jax.Array, v: jax.Array, key_mask: jax.Array, chunk: int
+    q: jax.Array,
+    k: jax.Array,
+    v: jax.Array,
+    key_mask: jax.Array,
+    chunk: int,
+    prefix: tuple[jax.Array, jax.Array, jax.Array] | None = None,
 ) -> jax.Array:
     """Causal GQA over a whole sequence (no cache): q [B,T,H,D], k/v [B,T,KVH,D] -> [B,T,H,D].
 
     Queries are processed `chunk` at a time, each chunk rematerialised in the backward pass, so
     the scores held at once are [B, H, chunk, T] instead of [B, H, T, T] (16k-token episodes).
-    key_mask [B, T] marks real tokens.
+    key_mask [B, T] marks real tokens. prefix: (k, v [B,P,KVH,D], mask [B,P]) of tokens that come
+    before the sequence (a shared prompt), visible to every query where the mask is True.
     """
     t = q.shape[1]
     key_slot = jnp.arange(t)
 
     def block(q_c: jax.Array, q_slot: jax.Array) -> jax.Array:
         visible = (key_slot[None, :] <= q_slot[:, None])[None] & key_mask[:, None, :]
-        return attention(q_c, k, v, visible)
+        if prefix is None:
+            return attention(q_c, k, v, visible)
+        k_p, v_p, mask_p = prefix
+        visible_p = jnp.broadcast_to(mask_p[:, None, :], (*visible.shape[:2], mask_p.shape[1]))
+        return attention(q_c, k_p, v_p, visible_p, extra=(k, v, visible))
 
     if t <= chunk:
         return block(q, key_slot)
@@ -191,7 +204,11 @@ class SelfAttention(nn.Module):
             k = RMSNorm(cfg.rms_norm_eps, dt, pdt, name="k_norm")(k)
         q = apply_rope(q, ctx["cos"], ctx["sin"])
         k = apply_rope(k, ctx["cos"], ctx["sin"])
-        if layer_cache is not None:
+        if "prefix_mask" in ctx:  # training on a shared prompt: layer_cache is its (k, v)
+            prefix = (*layer_cache, ctx["prefix_mask"])
+            out = causal_attention(q, k, v, ctx["key_mask"], self.attn_chunk, prefix)
+            new_cache = None
+        elif layer_cache is not None:
             # The new keys are returned, not written here: the caller writes all layers' keys at
             # once, in place, instead of copying every layer's cache slice through the scan.
             k, v = k.swapaxes(1, 2).astype(dt), v.swapaxes(1, 2).astype(dt)  # the cache's layout
@@ -200,7 +217,7 @@ class SelfAttention(nn.Module):
             new_cache = (k, v)
         else:
             out = causal_attention(q, k, v, ctx["key_mask"], self.attn_chunk)
-            new_cache = None
+            new_cache = (k, v) if "return_kv" in ctx else None
         out = out.reshape(b, t, cfg.num_heads * hd)
         return _dense(cfg.hidden_size, "o_proj", dt, pdt)(out), new_cache
 
@@ -352,11 +369,40 @@ class Qwen(nn.Module):
         targets: jax.Array,
         chunk: int,
         with_entropy: bool,
+        prompt: SharedPrompt | None = None,
     ) -> tuple[jax.Array, jax.Array | None]:
-        """log p(targets[b, t] | tokens <= t) [B, T] float32 (and the entropy if asked)."""
-        hidden, _ = self(input_ids, positions, mask)
+        """log p(targets[b, t] | tokens <= t) [B, T] float32 (and the entropy if asked).
+
+        prompt: tokens shared by consecutive rows that come before each row's input_ids (see
+        `SharedPrompt`); they are run once per group and their keys and values reused by the
+        group's rows, so the group's gradient through them is summed, as if each row had its own.
+        """
+        if prompt is None:
+            hidden, _ = self(input_ids, positions, mask)
+        else:
+            hidden = self._after_prompt(input_ids, positions, mask, prompt)
         w = self.output_embedding().astype(self.dtype)
         return chunked_token_logprobs(hidden, w, targets, chunk, with_entropy)
+
+    def _after_prompt(
+        self, input_ids: jax.Array, positions: jax.Array, mask: jax.Array, prompt: SharedPrompt
+    ) -> jax.Array:
+        """Final hidden states [B, T, E] of rows that continue their group's shared prompt."""
+        ids, prompt_positions, prompt_mask = prompt
+        rows_per_prompt = input_ids.shape[0] // ids.shape[0]
+        cos, sin = rope_tables(prompt_positions, self.cfg.head_dim, self.cfg.rope_theta)
+        ctx = {"cos": cos, "sin": sin, "key_mask": prompt_mask.astype(bool), "return_kv": ()}
+        _, (k, v) = self.layers(self.embed_tokens(ids), None, ctx)
+        k, v = (jnp.repeat(a, rows_per_prompt, axis=1) for a in (k, v))  # [L, B, P, KVH, D]
+        cos, sin = rope_tables(positions, self.cfg.head_dim, self.cfg.rope_theta)
+        ctx = {
+            "cos": cos,
+            "sin": sin,
+            "key_mask": mask.astype(bool),
+            "prefix_mask": jnp.repeat(prompt_mask.astype(bool), rows_per_prompt, axis=0),
+        }
+        x, _ = self.layers(self.embed_tokens(input_ids), (k, v), ctx)
+        return self.norm(x)
 
 
 def chunked_token_logprobs(
@@ -445,11 +491,14 @@ def token_logprobs(
     remat: bool = False,
     with_entropy: bool = False,
     attn_chunk: int = 1024,
+    prompt: SharedPrompt | None = None,
 ) -> tuple[jax.Array, jax.Array | None]:
     """log p(targets[b,t] | input_ids[b, :t+1]) as float32 [B, T], plus entropies if asked.
 
     Never materialises [B, T, V] logits: the vocabulary projection runs `chunk` positions at a time.
-    For next-token training, pass targets = input_ids shifted left by one.
+    For next-token training, pass targets = input_ids shifted left by one. prompt: a prompt
+    shared by each group of consecutive rows, computed once per group (`SharedPrompt`); the
+    rows' input_ids then hold only what follows it.
     """
     model = Qwen(cfg, dtype=dtype, remat=remat, attn_chunk=attn_chunk)
     return model.apply(
@@ -460,5 +509,6 @@ def token_logprobs(
         targets,
         chunk,
         with_entropy,
+        prompt,
         method="token_logprobs",
     )
