@@ -171,6 +171,9 @@ def base_config() -> ml_collections.ConfigDict:
     c.train.keep_checkpoints = 3  # the last K are kept, plus the best
     c.train.best_metric = "eval/mean"
     c.train.length_bucket = 256  # training batch lengths are padded to a multiple of this
+    # Update batches hold each task's prompt once for its group_size rollouts (same loss and
+    # gradient, fewer tokens to run; benchmarks/README.md, "Shared prompts in the update").
+    c.train.share_prompt = True
     c.train.write_report = False  # plots + report.md in the work directory after each evaluation
 
     # Multi-host: jax.distributed is initialised when enabled (on TPU pods the defaults are

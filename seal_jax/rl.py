@@ -18,6 +18,12 @@ bucketed length; every per-token array is aligned to `targets`):
   advantages   [B] or [B, T] f32   already-weighted advantage per trajectory, or per token
   loss_norm    [B] f32        optional: the step batch's loss normaliser, the same on every row
 
+Optionally, a prompt shared by each group of B / G consecutive rows (one task's rollouts), run
+once per group (`seal_jax.trajectories.training_batch(..., group_size)`); the rows' arrays then
+start at the prompt's last id:
+
+  prompt_ids, prompt_positions [G, P] int32, prompt_mask [G, P] bool   (PROMPT_KEYS)
+
 Loss aggregation is linear: `loss = sum_{b,t} l[b,t] * s[b,t] / loss_norm[b]`, where the per-token
 scale `s` only needs its own row (1, 1 / tokens in the row, or 1 / loss_token_norm) and
 `loss_norm` is fixed for the whole step batch (total loss tokens, or sequences with a loss token).
@@ -40,6 +46,12 @@ KL_ESTIMATORS = ("k1", "k2", "k3")
 K3_MAX = 10.0  # verl clamps the low-variance KL estimate to [-10, 10]
 
 LogprobFn = Callable[..., jax.Array | tuple[jax.Array, jax.Array]]
+PROMPT_KEYS = ("prompt_ids", "prompt_positions", "prompt_mask")
+
+
+def shared_prompt(batch: Mapping[str, Any]) -> tuple[Any, Any, Any] | None:
+    """The batch's shared prompt (ids, positions, mask), or None when rows hold whole sequences."""
+    return tuple(batch[k] for k in PROMPT_KEYS) if PROMPT_KEYS[0] in batch else None
 
 
 def grpo_advantages(
@@ -271,16 +283,17 @@ def make_loss_fn(
     """Returns `loss_fn(params, batch) -> (loss, metrics)` over a batch laid out as above.
 
     `logprob_fn(params, input_ids, positions, mask, targets)` returns the [B, T] float32 log-probs
-    of `targets`, or a pair (log-probs, per-token entropy) when an entropy term is wanted.
+    of `targets`, or a pair (log-probs, per-token entropy) when an entropy term is wanted; for a
+    batch with a shared prompt it is also passed `prompt=(ids, positions, mask)`.
     """
     options = policy_loss_options(rl_config)
 
     def loss_fn(
         params: Any, batch: Mapping[str, jax.Array]
     ) -> tuple[jax.Array, dict[str, jax.Array]]:
-        out = logprob_fn(
-            params, batch["input_ids"], batch["positions"], batch["mask"], batch["targets"]
-        )
+        prompt = shared_prompt(batch)
+        args = (params, batch["input_ids"], batch["positions"], batch["mask"], batch["targets"])
+        out = logprob_fn(*args) if prompt is None else logprob_fn(*args, prompt=prompt)
         logprobs, entropy = out if isinstance(out, tuple) else (out, None)
         return policy_loss(
             logprobs,

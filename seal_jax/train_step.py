@@ -18,7 +18,7 @@ import numpy as np
 import optax
 from jax.sharding import NamedSharding, PartitionSpec
 
-from seal_jax.rl import loss_normalizer
+from seal_jax.rl import PROMPT_KEYS, loss_normalizer
 
 LossFn = Callable[[Any, Mapping[str, jax.Array]], tuple[jax.Array, dict[str, jax.Array]]]
 TrainStep = Callable[[Any, Any, Mapping[str, jax.Array]], tuple[Any, Any, dict[str, jax.Array]]]
@@ -30,18 +30,20 @@ def split_micro_batches(
     """Splits a step batch (host arrays, leading dim B) into equal micro-batches of whole rows.
 
     Every row first gets `loss_norm`, the normaliser of the whole step batch, so that the losses
-    and gradients of the micro-batches add up to those of the full batch.
+    and gradients of the micro-batches add up to those of the full batch. Shared prompts ([G, P],
+    `seal_jax.rl.PROMPT_KEYS`) are split alike, so each micro-batch keeps whole groups.
     """
     rows = len(batch["loss_mask"])
-    if num_micro_batches < 1 or rows % num_micro_batches:
-        raise ValueError(f"cannot split {rows} rows into {num_micro_batches} equal micro-batches")
+    groups = len(batch[PROMPT_KEYS[0]]) if PROMPT_KEYS[0] in batch else rows
+    if num_micro_batches < 1 or rows % num_micro_batches or groups % num_micro_batches:
+        raise ValueError(
+            f"cannot split {rows} rows ({groups} prompts) into {num_micro_batches} equal "
+            "micro-batches"
+        )
     norm = np.float32(loss_normalizer(np.asarray(batch["loss_mask"]), loss_agg))
     full = {**batch, "loss_norm": np.full((rows,), norm, dtype=np.float32)}
-    size = rows // num_micro_batches
-    return [
-        {key: value[i * size : (i + 1) * size] for key, value in full.items()}
-        for i in range(num_micro_batches)
-    ]
+    parts = {key: np.split(value, num_micro_batches) for key, value in full.items()}
+    return [{key: parts[key][i] for key in parts} for i in range(num_micro_batches)]
 
 
 def make_train_step(

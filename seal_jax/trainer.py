@@ -6,7 +6,8 @@ One step:
   verdicts   <- rewards, per-turn tags and causes from the environment pool
   host state <- tag statistics, utilities rho, interface Omega (once per step)
   advantages <- GRPO per group, times the trajectory weights w(tags)
-  update     <- PPO-clip + KL on the model's tokens: mini-batches x micro-batches, ppo_epochs
+  update     <- PPO-clip + KL on the model's tokens: mini-batches x micro-batches, ppo_epochs;
+                each task's prompt is run once for its G rows (train.share_prompt)
 Evaluation (greedy, plain interface, official semantics) runs before training, every
 `train.eval_every` steps and at the end. Checkpoints carry everything needed to continue
 bit-for-bit; restarting the same command on the same work directory resumes.
@@ -65,6 +66,8 @@ class Run:
     step_fn: Any
     logprob_fn: Any
     opt_state_shardings: Any
+    share_prompt: bool  # update batches hold each group's prompt once (train.share_prompt)
+    prompt_width: int = 0  # shared prompts are padded to the longest seen so far (few shapes)
 
 
 @dataclasses.dataclass
@@ -157,9 +160,16 @@ def build(config: Any, model: LoadedModel, workdir: str) -> Run:
         attn_chunk=config.model.attn_chunk,
     )
 
-    def logprob_fn(params: Any, input_ids: Any, positions: Any, mask: Any, targets: Any) -> Any:
+    def logprob_fn(
+        params: Any, input_ids: Any, positions: Any, mask: Any, targets: Any, prompt: Any = None
+    ) -> Any:
         out, entropy = logprobs(
-            params, input_ids=input_ids, positions=positions, mask=mask, targets=targets
+            params,
+            input_ids=input_ids,
+            positions=positions,
+            mask=mask,
+            targets=targets,
+            prompt=prompt,
         )
         return out if entropy is None else (out, entropy)
 
@@ -170,6 +180,7 @@ def build(config: Any, model: LoadedModel, workdir: str) -> Run:
             f"a micro-batch of {rows} rollouts does not split over the {shards} batch shards "
             "(mesh.data x mesh.fsdp): change train.mini_batch_tasks or optim.grad_accum"
         )
+    share_prompt = _can_share_prompt(config, shards)
     optimizer = optim.make_optimizer(config.optim)
     param_shardings = jax.tree.map(lambda x: x.sharding, model.params)
     opt_shardings = optim.opt_state_shardings(optimizer, model.params, param_shardings)
@@ -187,6 +198,7 @@ def build(config: Any, model: LoadedModel, workdir: str) -> Run:
             positions=b["positions"],
             mask=b["mask"],
             targets=b["targets"],
+            prompt=rl.shared_prompt(b),
         )[0],
         out_shardings=sharding.batch_sharding(model.mesh, ndim=1),
     )
@@ -203,7 +215,28 @@ def build(config: Any, model: LoadedModel, workdir: str) -> Run:
         step_fn,
         forward,
         opt_shardings,
+        share_prompt,
     )
+
+
+def _can_share_prompt(config: Any, shards: int) -> bool:
+    """train.share_prompt, unless a micro-batch's groups cannot be split over the batch shards
+    (then each row carries its own prompt, with a warning: slower, same result)."""
+    groups, accum = config.train.mini_batch_tasks, config.optim.grad_accum
+    if not config.train.share_prompt:
+        return False
+    if groups % accum or (groups // accum) % shards:
+        logging.warning(
+            "train.share_prompt is off for this run: a micro-batch's %d / %d task groups do not "
+            "split evenly over the %d batch shards; give train.mini_batch_tasks a multiple of "
+            "optim.grad_accum x %d to share prompts",
+            groups,
+            accum,
+            shards,
+            shards,
+        )
+        return False
+    return True
 
 
 def _pool(run: Run, mode: str) -> EnvPool:
@@ -220,18 +253,48 @@ def _put(run: Run, batch: dict[str, np.ndarray]) -> dict[str, jax.Array]:
     return {k: distributed.put_global(np.asarray(v), place) for k, v in batch.items()}
 
 
-def _mini_batches(run: Run, batch: dict[str, np.ndarray]) -> list[tuple[np.ndarray, int]]:
-    """(row indices, padded length) of each mini-batch of the step batch. Rows are taken longest
-    first, so each mini-batch is padded only to its own longest row (advantages are per row, so
-    any grouping of rows into mini-batches is valid)."""
-    rows = run.config.train.mini_batch_tasks * run.config.rl.group_size
+def _mini_batches(
+    run: Run, batch: dict[str, np.ndarray], keys: Any
+) -> list[tuple[np.ndarray, dict[str, np.ndarray]]]:
+    """(row indices, sub-batch of those keys) of each mini-batch of the step batch.
+
+    Rows are taken longest first (with shared prompts, whole groups, by their longest row), so
+    each mini-batch is padded only to its own longest row (advantages are per row, so any
+    grouping of rows into mini-batches is valid). Shared prompts, a small part of the work, are
+    padded to the longest prompt of the run so far, so the update compiles for few shapes.
+    """
+    cfg = run.config
     lengths = batch["mask"].sum(axis=1)
-    order = np.argsort(-lengths, kind="stable")
-    bucket = run.config.train.length_bucket
-    return [
-        (idx, trajectories.padded_length(lengths[idx], bucket))
-        for idx in (order[start : start + rows] for start in range(0, len(order), rows))
-    ]
+    bucket = cfg.train.length_bucket
+    row_keys = [k for k in keys if k not in rl.PROMPT_KEYS]
+    if rl.PROMPT_KEYS[0] not in batch:
+        rows = cfg.train.mini_batch_tasks * cfg.rl.group_size
+        order = np.argsort(-lengths, kind="stable")
+        chunks = [order[start : start + rows] for start in range(0, len(order), rows)]
+        return [
+            (idx, _rows(batch, row_keys, idx, trajectories.padded_length(lengths[idx], bucket)))
+            for idx in chunks
+        ]
+    g, tasks = cfg.rl.group_size, cfg.train.mini_batch_tasks
+    longest_prompt = trajectories.padded_length(batch["prompt_mask"].sum(axis=1), bucket)
+    run.prompt_width = width = max(run.prompt_width, longest_prompt)
+    prompts = {k: _pad_to(batch[k], width) for k in rl.PROMPT_KEYS}
+    order = np.argsort(-lengths.reshape(-1, g).max(axis=1), kind="stable")
+    out = []
+    for groups in (order[start : start + tasks] for start in range(0, len(order), tasks)):
+        idx = (groups[:, None] * g + np.arange(g)).reshape(-1)
+        part = _rows(batch, row_keys, idx, trajectories.padded_length(lengths[idx], bucket))
+        part.update({k: v[groups] for k, v in prompts.items()})
+        out.append((idx, part))
+    return out
+
+
+def _pad_to(array: np.ndarray, width: int) -> np.ndarray:
+    """[N, W] array cut or zero-padded to [N, width] (zeros: padding ids, masked out)."""
+    out = np.zeros((len(array), width), array.dtype)
+    n = min(width, array.shape[1])
+    out[:, :n] = array[:, :n]
+    return out
 
 
 def _rows(batch: dict[str, np.ndarray], keys: Any, idx: np.ndarray, length: int) -> dict:
@@ -241,12 +304,12 @@ def _rows(batch: dict[str, np.ndarray], keys: Any, idx: np.ndarray, length: int)
 
 def _forward_logprobs(run: Run, params: Any, batch: dict[str, np.ndarray]) -> np.ndarray:
     """log p(targets) [B, T] under params for the whole batch, one mini-batch at a time."""
-    keys = ("input_ids", "positions", "mask", "targets")
+    keys = ("input_ids", "positions", "mask", "targets", *rl.PROMPT_KEYS)
     out = np.zeros(batch["targets"].shape, np.float32)
-    for idx, length in _mini_batches(run, batch):
-        part = _put(run, _rows(batch, keys, idx, length))
+    for idx, part in _mini_batches(run, batch, [k for k in keys if k in batch]):
         with jax.set_mesh(run.model.mesh):
-            out[idx, :length] = distributed.to_host(run.logprob_fn(params, part))
+            logprobs = distributed.to_host(run.logprob_fn(params, _put(run, part)))
+        out[idx, : logprobs.shape[1]] = logprobs
     return out
 
 
@@ -374,8 +437,7 @@ def _update(run: Run, state: State, batch: dict[str, np.ndarray]) -> dict:
     micro = []
     keys = [k for k in batch if k != "sampler_logprobs"]
     for _ in range(cfg.train.ppo_epochs):
-        for idx, length in _mini_batches(run, batch):
-            mini = _rows(batch, keys, idx, length)
+        for _, mini in _mini_batches(run, batch, keys):
             for part in train_step.split_micro_batches(mini, cfg.optim.grad_accum, cfg.rl.loss_agg):
                 with jax.set_mesh(run.model.mesh):
                     state.params, state.opt_state, m = run.step_fn(
@@ -438,7 +500,10 @@ def train_one_step(run: Run, state: State, pool: EnvPool, ref_params: Any) -> di
     update, gap, batch_tokens = {}, np.zeros(0), 0
     if rows.size:
         batch = trajectories.training_batch(
-            [out.sequences[i] for i in rows], weighted[rows], cfg.train.length_bucket
+            [out.sequences[i] for i in rows],
+            weighted[rows],
+            cfg.train.length_bucket,
+            group_size=cfg.rl.group_size if run.share_prompt else 0,
         )
         batch["loss_mask"][~trained] = False
         if cfg.rl.old_logprobs == "sampler":
@@ -448,7 +513,7 @@ def train_one_step(run: Run, state: State, pool: EnvPool, ref_params: Any) -> di
             gap = np.abs(batch["old_logprobs"] - batch["sampler_logprobs"])[batch["loss_mask"]]
         if cfg.rl.kl_coef > 0:
             batch["ref_logprobs"] = _forward_logprobs(run, ref_params, batch)
-        batch_tokens = int(batch["mask"].sum())
+        batch_tokens = int(batch["mask"].sum() + batch.get("prompt_mask", np.zeros(0)).sum())
         update = _update(run, state, batch)
     state.step += 1
     t_end = time.perf_counter()

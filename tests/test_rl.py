@@ -182,6 +182,19 @@ def test_micro_batches_sum_to_the_full_batch(loss_agg):
             np.testing.assert_allclose(g, full, rtol=1e-4, atol=1e-6)
 
 
+def test_micro_batches_keep_each_shared_prompt_with_its_rows():
+    batch = fx.training_batch(seed=4)  # 16 rows, groups of 4
+    rows = len(batch["loss_mask"])
+    prompts = np.arange(rows // 4 * 3).reshape(rows // 4, 3)
+    batch.update(prompt_ids=prompts, prompt_positions=prompts, prompt_mask=prompts > 0)
+    parts = train_step.split_micro_batches(batch, 2, "token-mean")
+    for i, part in enumerate(parts):
+        np.testing.assert_array_equal(part["input_ids"], batch["input_ids"][i * 8 : (i + 1) * 8])
+        np.testing.assert_array_equal(part["prompt_ids"], prompts[i * 2 : (i + 1) * 2])
+    with pytest.raises(ValueError, match="4 prompts"):
+        train_step.split_micro_batches(batch, 8, "token-mean")  # 8 divides the rows, not groups
+
+
 def one_device_step(loss_fn, optimizer, params=None):
     """(params, optimizer state, jitted train step) on a one-device mesh."""
     mesh = jax.make_mesh((1,), ("data",), axis_types=(jax.sharding.AxisType.Auto,))

@@ -242,19 +242,30 @@ def test_sampler_old_logprobs_skip_the_recompute(suite_model, compile_cache, tmp
         assert 0.99 < loss["ratio_min"] <= loss["ratio_max"] < 1.01, (name, loss)
 
 
-def test_eight_devices_match_one(suite_model, compile_cache, tmp_path):
+def test_eight_devices_sharing_prompts_match_one_without(suite_model, compile_cache, tmp_path):
+    """8 devices (4 data shards, each with one task's prompt and its rows) against one device
+    where every row carries its own prompt: the same step."""
     args = [
         "--config.train.max_steps=1",
-        "--config.train.mini_batch_tasks=2",
-        "--config.rollout.micro_batch_tasks=1",  # the step's rollouts in two engine batches
+        "--config.train.batch_tasks=4",
+        "--config.train.mini_batch_tasks=4",
+        "--config.rollout.micro_batch_tasks=2",  # the step's rollouts in two engine batches
     ]
     one, eight = tmp_path / "one", tmp_path / "eight"
-    _run(_command(suite_model, one, *args), _env(compile_cache))
     _run(
+        _command(suite_model, one, *args, "--config.train.share_prompt=False"), _env(compile_cache)
+    )
+    log = _run(
         _command(suite_model, eight, *args, "--config.mesh.data=4", "--config.mesh.tensor=2"),
         _env(compile_cache, devices=8),
     )
+    assert "share_prompt is off" not in log
     _assert_same_state(_checkpoint(one, 1), _checkpoint(eight, 1), exact=False)
+    tokens = {}
+    for name, workdir in (("one", one), ("eight", eight)):
+        step = json.loads((workdir / "metrics.jsonl").read_text().splitlines()[-1])
+        tokens[name] = step["batch_tokens"]
+    assert tokens["eight"] < tokens["one"]  # each prompt ran once for its 2 rows
 
 
 def test_two_processes_end_with_identical_parameters(suite_model, compile_cache, tmp_path):

@@ -3,6 +3,7 @@
 
 import jax.numpy as jnp
 import numpy as np
+import pytest
 
 from seal_jax import rl
 from seal_jax.rollout import Episode
@@ -38,6 +39,44 @@ def test_batch_aligns_ids_masks_and_untempered_sampler_logprobs_to_targets():
         np.testing.assert_array_equal(batch["sampler_logprobs"][row, : n - 1], ep.raw_logprobs[1:])
         assert not batch["mask"][row, n:].any() and not batch["loss_mask"][row, n - 1 :].any()
         assert not batch["sampler_logprobs"][row, n - 1 :].any()
+
+
+def _episode(rng, prompt, n_after):
+    sampled = np.concatenate([np.zeros(len(prompt), bool), rng.random(n_after) < 0.6])
+    ids = np.concatenate([prompt, rng.integers(1, 50, n_after)]).astype(np.int32)
+    raw = np.where(sampled, -rng.random(len(ids)), 0).astype(np.float32)
+    return Episode(ids, sampled, raw, raw, len(prompt), 1, "stop")
+
+
+def test_shared_prompt_batch_holds_each_prompt_once_and_the_same_loss_tokens():
+    rng = np.random.default_rng(1)
+    prompts = [rng.integers(1, 50, 6), rng.integers(1, 50, 3)]
+    episodes = [_episode(rng, prompts[g], n) for g, n in ((0, 4), (0, 7), (1, 2), (1, 9))]
+    adv = np.asarray([1, -1, 0.5, -0.5], np.float32)
+    whole = training_batch(episodes, adv, length_multiple=4)
+    shared = training_batch(episodes, adv, length_multiple=4, group_size=2)
+    assert shared["prompt_ids"].shape == (2, 8) and shared["input_ids"].shape == (4, 12)
+    for g, prompt in enumerate(prompts):
+        p = len(prompt) - 1  # the prompt's last id starts every row of the group
+        np.testing.assert_array_equal(shared["prompt_ids"][g, :p], prompt[:-1])
+        np.testing.assert_array_equal(shared["prompt_mask"][g], np.arange(8) < p)
+    for row, ep in enumerate(episodes):
+        start, n = ep.prompt_len - 1, len(ep.token_ids) - ep.prompt_len + 1
+        np.testing.assert_array_equal(shared["input_ids"][row, :n], ep.token_ids[start:])
+        np.testing.assert_array_equal(shared["positions"][row, :n], start + np.arange(n))
+        assert not shared["mask"][row, n:].any()
+        for key in ("targets", "loss_mask", "sampler_logprobs"):
+            np.testing.assert_array_equal(
+                shared[key][row, : n - 1], whole[key][row, start : start + n - 1], err_msg=key
+            )
+    assert shared["loss_mask"].sum() == whole["loss_mask"].sum()
+
+
+def test_rows_of_a_group_with_different_prompts_are_an_error():
+    rng = np.random.default_rng(2)
+    episodes = [_episode(rng, rng.integers(1, 50, 4), 3) for _ in range(2)]
+    with pytest.raises(ValueError, match="do not share their prompt"):
+        training_batch(episodes, np.zeros(2, np.float32), length_multiple=4, group_size=2)
 
 
 def test_keeps_groups_with_signal_and_pads_with_dropped_ones():

@@ -31,12 +31,43 @@ def _ragged_batch(lengths, width):
 
 def test_rows_are_grouped_by_length_and_padded_to_their_own_bucket(run):
     lengths = [5, 60, 20, 61, 7, 33, 64, 18]
-    parts = trainer._mini_batches(run, _ragged_batch(lengths, 64))
+    batch = _ragged_batch(lengths, 64)
+    parts = trainer._mini_batches(run, batch, list(batch))
     seen = np.sort(np.concatenate([idx for idx, _ in parts]))
     np.testing.assert_array_equal(seen, np.arange(len(lengths)))  # every row exactly once
     groups = [sorted(np.asarray(lengths)[idx].tolist()) for idx, _ in parts]
     assert groups == [[33, 60, 61, 64], [5, 7, 18, 20]]
-    assert [length for _, length in parts] == [64, 32]
+    assert [part["input_ids"].shape[1] for _, part in parts] == [64, 32]
+    for idx, part in parts:
+        np.testing.assert_array_equal(
+            part["targets"], batch["targets"][idx, : part["targets"].shape[1]]
+        )
+
+
+def test_with_shared_prompts_mini_batches_keep_whole_groups(run):
+    lengths = [5, 60, 20, 61, 7, 33, 64, 18]  # groups of 2: longest rows 60, 61, 33, 64
+    batch = _ragged_batch(lengths, 64)
+    prompt_lengths = np.asarray([3, 40, 17, 9])
+    batch["prompt_mask"] = np.arange(48)[None, :] < prompt_lengths[:, None]
+    batch["prompt_ids"] = np.where(batch["prompt_mask"], 7, 0).astype(np.int32)
+    batch["prompt_positions"] = np.broadcast_to(np.arange(48, dtype=np.int32), (4, 48)).copy()
+    run.prompt_width = 0
+    parts = trainer._mini_batches(run, batch, list(batch))
+    assert [idx.tolist() for idx, _ in parts] == [[6, 7, 2, 3], [0, 1, 4, 5]]
+    assert [part["input_ids"].shape[1] for _, part in parts] == [64, 64]
+    # prompts of 9 and 40 tokens, then 3 and 17: all padded to the longest one's bucket of 16
+    assert [part["prompt_mask"].shape for _, part in parts] == [(2, 48), (2, 48)]
+    np.testing.assert_array_equal(parts[1][1]["prompt_mask"], batch["prompt_mask"][[0, 2]])
+    np.testing.assert_array_equal(parts[0][1]["prompt_ids"], batch["prompt_ids"][[3, 1]])
+    # a later step with shorter prompts keeps the width: no new shapes to compile
+    short = {
+        **batch,
+        **{k: batch[k][:, :16] for k in ("prompt_ids", "prompt_mask", "prompt_positions")},
+    }
+    short["prompt_mask"] = short["prompt_mask"] & (np.arange(16) < 5)
+    assert {p["prompt_mask"].shape for _, p in trainer._mini_batches(run, short, list(short))} == {
+        (2, 48)
+    }
 
 
 def test_forward_log_probs_equal_one_pass_over_the_whole_batch(run):
@@ -44,3 +75,17 @@ def test_forward_log_probs_equal_one_pass_over_the_whole_batch(run):
     got = trainer._forward_logprobs(run, run.model.params, batch)
     full = np.asarray(run.logprob_fn(run.model.params, trainer._put(run, batch)))
     np.testing.assert_allclose(got[batch["mask"]], full[batch["mask"]], atol=1e-5)
+
+
+@pytest.mark.parametrize(
+    "tasks, accum, shards, shared",
+    [(2, 1, 2, True), (2, 1, 4, False), (4, 2, 2, True), (3, 2, 1, False), (8, 2, 8, False)],
+)
+def test_prompts_are_shared_only_when_micro_batch_groups_split_over_the_shards(
+    tasks, accum, shards, shared
+):
+    c = get_config()
+    c.train.mini_batch_tasks, c.optim.grad_accum = tasks, accum
+    assert trainer._can_share_prompt(c, shards) is shared
+    c.train.share_prompt = False
+    assert trainer._can_share_prompt(c, shards) is False
