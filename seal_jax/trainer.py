@@ -67,7 +67,6 @@ class Run:
     logprob_fn: Any
     opt_state_shardings: Any
     share_prompt: bool  # update batches hold each group's prompt once (train.share_prompt)
-    prompt_width: int = 0  # shared prompts are padded to the longest seen so far (few shapes)
 
 
 @dataclasses.dataclass
@@ -259,9 +258,8 @@ def _mini_batches(
     """(row indices, sub-batch of those keys) of each mini-batch of the step batch.
 
     Rows are taken longest first (with shared prompts, whole groups, by their longest row), so
-    each mini-batch is padded only to its own longest row (advantages are per row, so any
-    grouping of rows into mini-batches is valid). Shared prompts, a small part of the work, are
-    padded to the longest prompt of the run so far, so the update compiles for few shapes.
+    each mini-batch is padded only to its own longest row and prompt (advantages are per row, so
+    any grouping of rows into mini-batches is valid).
     """
     cfg = run.config
     lengths = batch["mask"].sum(axis=1)
@@ -276,24 +274,14 @@ def _mini_batches(
             for idx in chunks
         ]
     g, tasks = cfg.rl.group_size, cfg.train.mini_batch_tasks
-    longest_prompt = trajectories.padded_length(batch["prompt_mask"].sum(axis=1), bucket)
-    run.prompt_width = width = max(run.prompt_width, longest_prompt)
-    prompts = {k: _pad_to(batch[k], width) for k in rl.PROMPT_KEYS}
     order = np.argsort(-lengths.reshape(-1, g).max(axis=1), kind="stable")
     out = []
     for groups in (order[start : start + tasks] for start in range(0, len(order), tasks)):
         idx = (groups[:, None] * g + np.arange(g)).reshape(-1)
         part = _rows(batch, row_keys, idx, trajectories.padded_length(lengths[idx], bucket))
-        part.update({k: v[groups] for k, v in prompts.items()})
+        width = trajectories.padded_length(batch["prompt_mask"][groups].sum(axis=1), bucket)
+        part.update({k: batch[k][groups, :width] for k in rl.PROMPT_KEYS})
         out.append((idx, part))
-    return out
-
-
-def _pad_to(array: np.ndarray, width: int) -> np.ndarray:
-    """[N, W] array cut or zero-padded to [N, width] (zeros: padding ids, masked out)."""
-    out = np.zeros((len(array), width), array.dtype)
-    n = min(width, array.shape[1])
-    out[:, :n] = array[:, :n]
     return out
 
 
