@@ -226,13 +226,13 @@ def _can_share_prompt(config: Any, shards: int) -> bool:
         return False
     if groups % accum or (groups // accum) % shards:
         logging.warning(
-            "train.share_prompt is off for this run: a micro-batch's %d / %d task groups do not "
-            "split evenly over the %d batch shards; give train.mini_batch_tasks a multiple of "
-            "optim.grad_accum x %d to share prompts",
+            "train.share_prompt is off for this run: train.mini_batch_tasks=%d tasks over "
+            "optim.grad_accum=%d micro-batches do not give each of the %d batch shards whole "
+            "tasks; make train.mini_batch_tasks a multiple of %d to share prompts",
             groups,
             accum,
             shards,
-            shards,
+            accum * shards,
         )
         return False
     return True
