@@ -26,7 +26,9 @@ from seal_jax.rollout import EngineConfig, RolloutEngine
 from seal_jax.sampler import SamplingParams
 from seal_jax.sharding import single_device_mesh
 
-SHAPES = {
+SHAPES = {  # "tiny": the CPU default's policy (configs/tiny.py, the suite's 870 ids)
+    "tiny": dict(hidden_size=128, intermediate_size=384, num_layers=2, num_heads=4,
+                 num_kv_heads=2, vocab_size=870),
     "small": dict(hidden_size=256, intermediate_size=768, num_layers=4, num_heads=4,
                   num_kv_heads=2, vocab_size=32000),
     "qwen2.5-0.5b": dict(hidden_size=896, intermediate_size=4864, num_layers=24, num_heads=14,

@@ -21,15 +21,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from seal_jax.models import QwenConfig, init_params, token_logprobs
+from benchmarks.bench_multiturn import SHAPES, model_config
+from seal_jax.models import init_params, token_logprobs
 from seal_jax.trajectories import padded_length
 
-SHAPES = {  # "tiny": the CPU default's policy (configs/tiny.py)
-    "tiny": dict(hidden_size=128, intermediate_size=384, num_layers=2, num_heads=4,
-                 num_kv_heads=2, vocab_size=870),
-    "small": dict(hidden_size=256, intermediate_size=768, num_layers=4, num_heads=4,
-                  num_kv_heads=2, vocab_size=32000),
-}  # fmt: skip
 BUCKET = 128
 
 
@@ -82,10 +77,7 @@ def main() -> None:
     parser.add_argument("--response_len", type=int, default=150)
     parser.add_argument("--repeats", type=int, default=5)
     args = parser.parse_args()
-    s = SHAPES[args.shape]
-    cfg = QwenConfig(model_type="qwen2", head_dim=s["hidden_size"] // s["num_heads"],
-                     rope_theta=1e6, rms_norm_eps=1e-6, qkv_bias=True, qk_norm=False,
-                     tie_word_embeddings=True, max_position_embeddings=32768, **s)  # fmt: skip
+    cfg = model_config(args.shape)
     params = init_params(cfg, jax.random.key(0))
     whole, shared = batches(args, cfg.vocab_size)
 

@@ -255,7 +255,7 @@ def _put(run: Run, batch: dict[str, np.ndarray]) -> dict[str, jax.Array]:
 def _mini_batches(
     run: Run, batch: dict[str, np.ndarray], keys: Any
 ) -> list[tuple[np.ndarray, dict[str, np.ndarray]]]:
-    """(row indices, sub-batch of those keys) of each mini-batch of the step batch.
+    """(row indices, sub-batch of those keys and any shared prompt) of each mini-batch.
 
     Rows are taken longest first (with shared prompts, whole groups, by their longest row), so
     each mini-batch is padded only to its own longest row and prompt (advantages are per row, so
@@ -264,23 +264,18 @@ def _mini_batches(
     cfg = run.config
     lengths = batch["mask"].sum(axis=1)
     bucket = cfg.train.length_bucket
-    row_keys = [k for k in keys if k not in rl.PROMPT_KEYS]
-    if rl.PROMPT_KEYS[0] not in batch:
-        rows = cfg.train.mini_batch_tasks * cfg.rl.group_size
-        order = np.argsort(-lengths, kind="stable")
-        chunks = [order[start : start + rows] for start in range(0, len(order), rows)]
-        return [
-            (idx, _rows(batch, row_keys, idx, trajectories.padded_length(lengths[idx], bucket)))
-            for idx in chunks
-        ]
-    g, tasks = cfg.rl.group_size, cfg.train.mini_batch_tasks
+    shared = rl.PROMPT_KEYS[0] in batch
+    g = cfg.rl.group_size if shared else 1  # rows taken together
+    per_mini_batch = cfg.train.mini_batch_tasks * cfg.rl.group_size // g
     order = np.argsort(-lengths.reshape(-1, g).max(axis=1), kind="stable")
+    row_keys = [k for k in keys if k not in rl.PROMPT_KEYS]
     out = []
-    for groups in (order[start : start + tasks] for start in range(0, len(order), tasks)):
-        idx = (groups[:, None] * g + np.arange(g)).reshape(-1)
+    for units in (order[s : s + per_mini_batch] for s in range(0, len(order), per_mini_batch)):
+        idx = (units[:, None] * g + np.arange(g)).reshape(-1)
         part = _rows(batch, row_keys, idx, trajectories.padded_length(lengths[idx], bucket))
-        width = trajectories.padded_length(batch["prompt_mask"][groups].sum(axis=1), bucket)
-        part.update({k: batch[k][groups, :width] for k in rl.PROMPT_KEYS})
+        if shared:
+            width = trajectories.padded_length(batch["prompt_mask"][units].sum(axis=1), bucket)
+            part.update({k: batch[k][units, :width] for k in rl.PROMPT_KEYS})
         out.append((idx, part))
     return out
 
@@ -292,9 +287,9 @@ def _rows(batch: dict[str, np.ndarray], keys: Any, idx: np.ndarray, length: int)
 
 def _forward_logprobs(run: Run, params: Any, batch: dict[str, np.ndarray]) -> np.ndarray:
     """log p(targets) [B, T] under params for the whole batch, one mini-batch at a time."""
-    keys = ("input_ids", "positions", "mask", "targets", *rl.PROMPT_KEYS)
+    keys = ("input_ids", "positions", "mask", "targets")
     out = np.zeros(batch["targets"].shape, np.float32)
-    for idx, part in _mini_batches(run, batch, [k for k in keys if k in batch]):
+    for idx, part in _mini_batches(run, batch, keys):
         with jax.set_mesh(run.model.mesh):
             logprobs = distributed.to_host(run.logprob_fn(params, _put(run, part)))
         out[idx, : logprobs.shape[1]] = logprobs
