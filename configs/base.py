@@ -183,6 +183,11 @@ def base_config() -> ml_collections.ConfigDict:
     c.distributed.coordinator_address = ""
     c.distributed.num_processes = 0
     c.distributed.process_id = -1
+
+    # Persistent XLA compilation cache: every compiled program (one per bucket shape) is saved
+    # here and loaded by later runs instead of compiled again. "" turns it off; a directory
+    # already given to JAX (JAX_COMPILATION_CACHE_DIR) takes precedence.
+    c.compilation_cache_dir = "~/.cache/seal_jax/xla"
     return c
 
 

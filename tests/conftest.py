@@ -1,4 +1,5 @@
-"""Shared fixtures: tiny Hugging Face checkpoints built once per test session."""
+"""Shared fixtures: tiny Hugging Face checkpoints built once per test session, and one
+compilation cache for the run.py processes the tests start."""
 
 from __future__ import annotations
 
@@ -8,6 +9,17 @@ import shutil
 import pytest
 
 from tests import hf_models
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _compilation_cache(tmp_path_factory):
+    """The run.py processes tests start share one compilation cache for the session, in its
+    temporary directory rather than the user's ~/.cache (kept if the caller set one)."""
+    with pytest.MonkeyPatch.context() as env:
+        if "JAX_COMPILATION_CACHE_DIR" not in os.environ:
+            env.setenv("JAX_COMPILATION_CACHE_DIR", str(tmp_path_factory.mktemp("xla")))
+            env.setenv("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
+        yield
 
 
 @pytest.fixture(scope="session")

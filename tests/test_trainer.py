@@ -37,11 +37,6 @@ SUITE_ARGS = [
 ]
 
 
-@pytest.fixture(scope="module")
-def compile_cache(tmp_path_factory):
-    return str(tmp_path_factory.mktemp("jax_cache"))
-
-
 def _command(model, workdir, *extra):
     return [
         sys.executable,
@@ -53,10 +48,8 @@ def _command(model, workdir, *extra):
     ]
 
 
-def _env(cache, devices=1):
-    env = dict(os.environ)
-    env["JAX_COMPILATION_CACHE_DIR"] = cache
-    env["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] = "0"
+def _env(devices=1):
+    env = dict(os.environ)  # with the session's compilation cache (conftest)
     env["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={devices}"
     env["JAX_PLATFORMS"] = "cpu"
     return env
@@ -127,10 +120,8 @@ def _kill_after_checkpoint(cmd, env, workdir, step):
     proc.wait()
 
 
-def test_resume_after_sigkill_reproduces_the_uninterrupted_run(
-    suite_model, compile_cache, tmp_path
-):
-    env = _env(compile_cache)
+def test_resume_after_sigkill_reproduces_the_uninterrupted_run(suite_model, tmp_path):
+    env = _env()
     straight, resumed = tmp_path / "straight", tmp_path / "resumed"
     _run(_command(suite_model, straight, "--config.train.max_steps=2"), env)
     metrics = [json.loads(line) for line in (straight / "metrics.jsonl").read_text().splitlines()]
@@ -171,10 +162,8 @@ BFCL_ARGS = [
 ]
 
 
-def test_bfcl_fresh_process_on_a_copy_reproduces_the_second_step(
-    qwen3_model, compile_cache, tmp_path
-):
-    env = _env(compile_cache)
+def test_bfcl_fresh_process_on_a_copy_reproduces_the_second_step(qwen3_model, tmp_path):
+    env = _env()
 
     def cmd(workdir, steps):
         return [
@@ -199,8 +188,8 @@ def test_bfcl_fresh_process_on_a_copy_reproduces_the_second_step(
     assert set(step["rollout"]["success"]) <= {"base", "miss_func", "miss_param", "long_context"}
 
 
-def test_eval_and_export_modes(suite_model, compile_cache, tmp_path):
-    env = _env(compile_cache)
+def test_eval_and_export_modes(suite_model, tmp_path):
+    env = _env()
     workdir = tmp_path / "wd"
     limit = ["--config.train.eval_limit=8", "--config.train.eval_batch_tasks=8"]
     _run(_command(suite_model, workdir, "--mode=eval", *limit), env)
@@ -222,11 +211,11 @@ def test_eval_and_export_modes(suite_model, compile_cache, tmp_path):
     assert json.loads((workdir / "eval_step1.json").read_text())["num_tasks"] == 8
 
 
-def test_sampler_old_logprobs_skip_the_recompute(suite_model, compile_cache, tmp_path):
+def test_sampler_old_logprobs_skip_the_recompute(suite_model, tmp_path):
     """rl.old_logprobs=sampler takes the PPO ratio's denominator from the engine: the same
     rollouts, no recompute gap logged, and ratios at 1 (a misaligned or tempered log-prob
     would put them far off; the recompute's own agreement is checked against the logged gap)."""
-    env = _env(compile_cache)
+    env = _env()
     args = ["--config.train.max_steps=1"]
     recompute, sampler = tmp_path / "recompute", tmp_path / "sampler"
     _run(_command(suite_model, recompute, *args), env)
@@ -242,7 +231,7 @@ def test_sampler_old_logprobs_skip_the_recompute(suite_model, compile_cache, tmp
         assert 0.99 < loss["ratio_min"] <= loss["ratio_max"] < 1.01, (name, loss)
 
 
-def test_eight_devices_sharing_prompts_match_one_without(suite_model, compile_cache, tmp_path):
+def test_eight_devices_sharing_prompts_match_one_without(suite_model, tmp_path):
     """8 devices (4 data shards, each with one task's prompt and its rows) against one device
     where every row carries its own prompt: the same step."""
     args = [
@@ -252,12 +241,10 @@ def test_eight_devices_sharing_prompts_match_one_without(suite_model, compile_ca
         "--config.rollout.micro_batch_tasks=2",  # the step's rollouts in two engine batches
     ]
     one, eight = tmp_path / "one", tmp_path / "eight"
-    _run(
-        _command(suite_model, one, *args, "--config.train.share_prompt=False"), _env(compile_cache)
-    )
+    _run(_command(suite_model, one, *args, "--config.train.share_prompt=False"), _env())
     log = _run(
         _command(suite_model, eight, *args, "--config.mesh.data=4", "--config.mesh.tensor=2"),
-        _env(compile_cache, devices=8),
+        _env(devices=8),
     )
     assert "share_prompt is off" not in log
     _assert_same_state(_checkpoint(one, 1), _checkpoint(eight, 1), exact=False)
@@ -268,7 +255,7 @@ def test_eight_devices_sharing_prompts_match_one_without(suite_model, compile_ca
     assert tokens["eight"] < tokens["one"]  # each prompt ran once for its 2 rows
 
 
-def test_two_processes_end_with_identical_parameters(suite_model, compile_cache, tmp_path):
+def test_two_processes_end_with_identical_parameters(suite_model, tmp_path):
     port = 20000 + os.getpid() % 20000
     procs = []
     for pid in range(2):
@@ -285,7 +272,7 @@ def test_two_processes_end_with_identical_parameters(suite_model, compile_cache,
             subprocess.Popen(
                 cmd,
                 cwd=REPO,
-                env=_env(compile_cache),
+                env=_env(),
                 text=True,
                 stdout=subprocess.DEVNULL,
                 stderr=subprocess.PIPE,
@@ -311,8 +298,8 @@ def _error_line(cmd, env):
     return errors[0]
 
 
-def test_bad_work_directories_fail_with_one_clear_line(suite_model, compile_cache, tmp_path):
-    env = _env(compile_cache)
+def test_bad_work_directories_fail_with_one_clear_line(suite_model, tmp_path):
+    env = _env()
     a_file = tmp_path / "file"
     a_file.write_text("x")
     assert "Not a directory" in _error_line(_command(suite_model, a_file / "wd"), env)
