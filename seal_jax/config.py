@@ -29,6 +29,8 @@ def validate(c: Any) -> None:
     _choice(c.model.compute_dtype, "model.compute_dtype", tuple(DTYPES))
     if c.model.logprob_chunk <= 0 or c.model.attn_chunk <= 0:
         raise ConfigError("--config.model.logprob_chunk and attn_chunk must be positive")
+    if c.model.scan_unroll < 1:
+        raise ConfigError(f"--config.model.scan_unroll={c.model.scan_unroll}: use 1 or more")
     for axis in ("data", "fsdp", "tensor"):
         size = c.mesh[axis]
         if size == 0 or size < -1:

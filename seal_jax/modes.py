@@ -124,6 +124,7 @@ def _warm_start(config: Any, path: str, out: str) -> None:
         seed=config.seed,
         length_bucket=config.sft.length_bucket,
         dtype=model.compute_dtype,
+        scan_unroll=config.model.scan_unroll,
     )
     save_hf_checkpoint(
         out, params, model.config, dtype=config.model.param_dtype, tokenizer_dir=path

@@ -110,7 +110,13 @@ def sft_batch(transcripts: Sequence[Transcript], length_bucket: int) -> dict[str
 
 
 def _cross_entropy(
-    params: Any, batch: Mapping[str, jax.Array], *, cfg: QwenConfig, dtype: Any, chunk: int
+    params: Any,
+    batch: Mapping[str, jax.Array],
+    *,
+    cfg: QwenConfig,
+    dtype: Any,
+    chunk: int,
+    scan_unroll: int,
 ) -> tuple[jax.Array, dict[str, jax.Array]]:
     """Token-mean negative log-likelihood of the masked targets."""
     logprobs, _ = token_logprobs(
@@ -122,6 +128,7 @@ def _cross_entropy(
         batch["targets"],
         dtype=dtype,
         chunk=chunk,
+        scan_unroll=scan_unroll,
     )
     weights = batch["loss_mask"].astype(jnp.float32)
     tokens = jnp.sum(weights)
@@ -145,6 +152,7 @@ def warm_start(
     length_bucket: int = 128,
     dtype: Any = jnp.float32,
     chunk: int = 512,
+    scan_unroll: int = 1,
     log_every: int = 50,
 ) -> Any:
     """Fine-tunes params on the transcripts' assistant ids; returns the new params.
@@ -161,6 +169,7 @@ def warm_start(
       weight_decay, grad_clip: AdamW's decoupled weight decay, global-norm clipping (0: off).
       length_bucket: batch lengths are padded to a multiple of this (one compile per bucket).
       dtype: compute dtype; chunk: sequence chunk of the vocabulary projection.
+      scan_unroll: layers per iteration of the layer scan (`Qwen.scan_unroll`).
       log_every: log loss and rates every this many steps (and at the last step).
     """
     batch_devices = mesh.shape["data"] * mesh.shape["fsdp"]
@@ -187,7 +196,9 @@ def warm_start(
     param_shardings = jax.tree.map(lambda x: x.sharding, params)
     state_shardings = optim.opt_state_shardings(optimizer, params, param_shardings)
     step_fn = train_step.make_train_step(
-        functools.partial(_cross_entropy, cfg=model_config, dtype=dtype, chunk=chunk),
+        functools.partial(
+            _cross_entropy, cfg=model_config, dtype=dtype, chunk=chunk, scan_unroll=scan_unroll
+        ),
         optimizer,
         param_shardings,
         sharding.batch_sharding(mesh, ndim=1),

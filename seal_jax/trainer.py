@@ -157,6 +157,7 @@ def build(config: Any, model: LoadedModel, workdir: str) -> Run:
         remat=config.model.remat,
         with_entropy=config.rl.entropy_coef > 0,
         attn_chunk=config.model.attn_chunk,
+        scan_unroll=config.model.scan_unroll,
     )
 
     def logprob_fn(

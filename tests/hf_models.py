@@ -74,11 +74,17 @@ def torch_logits(model, input_ids: np.ndarray, positions: np.ndarray, mask: np.n
     return out.logits.float().numpy()
 
 
-def padded_batch(vocab_size: int, seed: int = 0):
-    """Rows left-padded, right-padded, full and padded on both sides: ids, positions, mask."""
+def padded_batch(
+    vocab_size: int,
+    seed: int = 0,
+    t: int = 12,
+    lengths_pad: tuple[tuple[int, int], ...] = ((3, 0), (0, 4), (0, 0), (2, 2)),
+):
+    """Rows left-padded, right-padded, full and padded on both sides: ids, positions, mask.
+
+    t: the width; lengths_pad: (left pad, right pad) per row.
+    """
     rng = np.random.default_rng(seed)
-    t = 12
-    lengths_pad = [(3, 0), (0, 4), (0, 0), (2, 2)]  # (left pad, right pad) per row
     ids = rng.integers(0, vocab_size - 1, size=(len(lengths_pad), t))
     mask = np.ones(ids.shape, np.int64)
     for row, (left, right) in enumerate(lengths_pad):

@@ -5,10 +5,12 @@ import functools
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 import torch
 from jax.extend import core as jax_core
 
 from seal_jax.models import load_hf_checkpoint, token_logprobs
+from seal_jax.models.qwen import CAUSAL_BLOCK
 from tests import hf_models
 
 
@@ -49,6 +51,33 @@ def test_remat_gives_the_same_gradient(tiny_checkpoints):
     remat = jax.grad(functools.partial(loss, remat=True))(model.params)
     for a, b in zip(jax.tree.leaves(plain), jax.tree.leaves(remat)):
         np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=1e-5, rtol=1e-4)
+
+
+def test_long_rows_match_torch_across_causal_blocks_and_unrolled_layers(tiny_checkpoints):
+    """Rows longer than CAUSAL_BLOCK (whole blocks of padding on either side): the blocked
+    causal attention gives torch's log-probs, and unrolling the layer scan changes nothing."""
+    path, torch_model = tiny_checkpoints["qwen3"]
+    t = 2 * CAUSAL_BLOCK + 44
+    pads = ((CAUSAL_BLOCK + 2, 0), (0, CAUSAL_BLOCK + 12), (0, 0), (5, 7))
+    ids, positions, mask = hf_models.padded_batch(torch_model.config.vocab_size, 3, t, pads)
+    targets = np.roll(ids, -1, axis=1)
+    logits = torch.tensor(hf_models.torch_logits(torch_model, ids, positions, mask))
+    expected = torch.log_softmax(logits, -1).gather(-1, torch.tensor(targets)[..., None])[..., 0]
+    model = load_hf_checkpoint(path)
+    valid = mask.astype(bool)
+
+    def loss(params, scan_unroll):
+        logp, _ = token_logprobs(
+            params, model.config, ids, positions, mask, targets, scan_unroll=scan_unroll
+        )
+        return jnp.sum(logp * mask), logp
+
+    (_, scanned), g_scanned = jax.value_and_grad(loss, has_aux=True)(model.params, 1)
+    (_, unrolled), g_unrolled = jax.value_and_grad(loss, has_aux=True)(model.params, 2)
+    assert np.abs(np.asarray(scanned)[valid] - expected.numpy()[valid]).max() <= 1e-4
+    np.testing.assert_allclose(np.asarray(unrolled)[valid], np.asarray(scanned)[valid], atol=1e-5)
+    for a, b in zip(jax.tree.leaves(g_scanned), jax.tree.leaves(g_unrolled)):
+        np.testing.assert_allclose(np.asarray(b), np.asarray(a), atol=1e-5, rtol=1e-4)
 
 
 def _shapes_in(jaxpr):
@@ -121,13 +150,17 @@ def _shared_prompt_batch(vocab, prompt_lengths=(7, 4), rows_per_prompt=3, width=
     return whole, prompt, rest, np.asarray(starts)
 
 
-def test_shared_prompt_log_probs_and_gradients_match_whole_sequences(tiny_checkpoints):
+@pytest.mark.parametrize("width, attn_chunk", [(16, 3), (16, 1024), (2 * CAUSAL_BLOCK + 20, 1024)])
+def test_shared_prompt_log_probs_and_gradients_match_whole_sequences(
+    tiny_checkpoints, width, attn_chunk
+):
     """Rows that share a prompt, the prompt run once per group: the same log-probs as torch on
     the whole sequences, and the same gradient as the plain forward (the group's gradient
-    through the prompt is summed over its rows)."""
+    through the prompt is summed over its rows). Query chunks (attn_chunk 3), one causal block,
+    and several causal blocks."""
     path, torch_model = tiny_checkpoints["qwen3"]
     vocab = torch_model.config.vocab_size
-    whole, prompt, rest, starts = _shared_prompt_batch(vocab)
+    whole, prompt, rest, starts = _shared_prompt_batch(vocab, width=width)
     b, width = whole["ids"].shape
     positions = np.broadcast_to(np.arange(width, dtype=np.int32), (b, width))
     logits = torch.tensor(
@@ -156,7 +189,7 @@ def test_shared_prompt_log_probs_and_gradients_match_whole_sequences(tiny_checkp
                 rest["mask"],
                 rest_targets,
                 chunk=4,
-                attn_chunk=3,
+                attn_chunk=attn_chunk,
                 prompt=shared,
             )
             return jnp.sum(logp * loss_rest * weights), logp
@@ -171,5 +204,6 @@ def test_shared_prompt_log_probs_and_gradients_match_whole_sequences(tiny_checkp
         n = int(loss_rest[row].sum())
         want = expected[row, start : start + n].numpy()
         np.testing.assert_allclose(np.asarray(got)[row, :n], want, atol=1e-4)
+    # float32 sums in another order: embedding gradients of ~0.04 differ by up to ~1.5e-5
     for a, c in zip(jax.tree.leaves(g_whole), jax.tree.leaves(g_shared)):
-        np.testing.assert_allclose(np.asarray(c), np.asarray(a), atol=1e-5, rtol=1e-4)
+        np.testing.assert_allclose(np.asarray(c), np.asarray(a), atol=3e-5, rtol=1e-4)

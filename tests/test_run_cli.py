@@ -32,6 +32,7 @@ def _run(*args, tmp_path):
         (["--config=configs/qwen.py", "--config.model.param_dtype=int8"], "must be one of"),
         (["--config=configs/qwen.py", "--mode=dance"], "value should be one of"),
         (["--config=configs/qwen.py", "--config.rl.old_logprobs=cached"], "must be one of"),
+        (["--config=configs/qwen.py", "--config.model.scan_unroll=0"], "use 1 or more"),
         (["--config=configs/qwen.py"], "set --config.model.path"),
         (["--config=configs/tiny.py", "--config.sft.categories=('nope',)"], "unknown ['nope']"),
         (
