@@ -18,21 +18,22 @@ def get_config(variant: str = "seal") -> ml_collections.ConfigDict:
 
     Measured (seed 0, 2 CPU cores, empty compilation cache): 11m00s end to end on a machine
     where the warm start runs at 2.5 steps/s (6.7 min; RL 32 steps 2.9 min, three evaluations
-    1.2 min); evaluation mean 48.0% -> 48.5% (step 16) -> 48.0% (step 32), +3.5 and +3.5
-    with RL seeds 1 and 2. The warm start covers the base and long_context training tasks only
-    (part of the training tasks, as the issue asks), for 1,000 steps: that is what it takes this
-    2-layer policy to fit its 200 transcripts (loss 0.001-0.002), and the fit carries over to
-    about half of the evaluation tasks because the suite's value pools are small (300 steps:
-    4.5% -> 5.0% with RL; the same 1,000 steps on 4x as many tasks: 10%). Training rollouts run
-    with BFCL's own semantics (`env.train_mode="official"`, as evaluation does). What RL learns
-    within this budget is to make some decodable call on the turn that reveals a held-back
-    function (the call fails, but official scoring passes the task because the held-back call
-    already ran a turn earlier). Whether the warm start already does that is a float-rounding
-    accident (miss_func 26%, 42% or 64% at step 0 for the same seed on other machines or code):
-    where it does not, RL gains +8 to +13.5 points (+9 on seed 0 of the earlier machine,
-    42.0% -> 51.0%); where it does, 0 to +3.5. RL does not improve copying within this budget;
-    with BFCL's irrelevance check applied too (`strict_mean`) no run moves by more than a few
-    points. See benchmarks/README.md ("The learning target") for the full record.
+    1.2 min; 9m18s again with a warm cache); evaluation mean 48.0% -> 48.5% (step 16) -> 48.0%
+    (step 32), +3.5 and +3.5 with RL seeds 1 and 2. The warm start covers the base and
+    long_context training tasks only (part of the training tasks, as the issue asks), for 1,000
+    steps: that is what it takes this 2-layer policy to fit its 200 transcripts (loss
+    0.001-0.002), and the fit carries over to about half of the evaluation tasks because the
+    suite's value pools are small (300 steps: 4.5% -> 5.0% with RL; the same 1,000 steps on 4x
+    as many tasks: 10%). Training rollouts run with BFCL's own semantics
+    (`env.train_mode="official"`, as evaluation does). What RL learns within this budget is to
+    make some decodable call on the turn that reveals a held-back function (the call fails, but
+    official scoring passes the task because the held-back call already ran a turn earlier).
+    Whether the warm start already does that is a float-rounding accident (miss_func 26%, 42% or
+    64% at step 0 for the same seed on other machines or code): where it does not, RL gains +8
+    to +13.5 points (+9 on seed 0 of the earlier machine, 42.0% -> 51.0%); where it does, 0 to
+    +3.5. RL does not improve copying within this budget; with BFCL's irrelevance check applied
+    too (`strict_mean`) no run moves by more than a few points. See benchmarks/README.md ("The
+    learning target") for the full record.
     """
     c = apply_variant(base_config(), variant)
     c.env.name = "suite"
