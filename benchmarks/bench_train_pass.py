@@ -16,13 +16,15 @@ import argparse
 import functools
 import tempfile
 import time
+from collections.abc import Callable
+from typing import Any
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 
-def seconds_per_pass(grad_fn, params, repeats: int) -> float:
+def seconds_per_pass(grad_fn: Callable[[Any], Any], params: Any, repeats: int) -> float:
     """Mean seconds of grad_fn(params) after one untimed (compiling) call."""
     jax.block_until_ready(grad_fn(params))
     start = time.perf_counter()
@@ -32,7 +34,9 @@ def seconds_per_pass(grad_fn, params, repeats: int) -> float:
     return (time.perf_counter() - start) / repeats
 
 
-def _loss(model, ids, positions, mask, scan_unroll: int, params) -> jax.Array:
+def _loss(
+    model: Any, ids: jax.Array, positions: jax.Array, mask: jax.Array, scan_unroll: int, params: Any
+) -> jax.Array:
     """Mean negative log-likelihood of ids under params (next-token targets are ids: speed only)."""
     from seal_jax.models import token_logprobs
 

@@ -20,6 +20,24 @@ def _inputs(vocab):
     return ids, positions, mask, targets
 
 
+def _logprobs_and_grads(model, ids, positions, mask, targets, **options):
+    """token_logprobs with options, and the gradient of their masked sum."""
+
+    def loss(params):
+        logp, _ = token_logprobs(params, model.config, ids, positions, mask, targets, **options)
+        return jnp.sum(logp * mask), logp
+
+    (_, logp), grads = jax.value_and_grad(loss, has_aux=True)(model.params)
+    return logp, grads
+
+
+def _assert_same(logp, grads, other_logp, other_grads, valid):
+    """Two computations of the same log-probs (on valid tokens) and gradients agree."""
+    np.testing.assert_allclose(np.asarray(other_logp)[valid], np.asarray(logp)[valid], atol=1e-5)
+    for a, b in zip(jax.tree.leaves(grads), jax.tree.leaves(other_grads)):
+        np.testing.assert_allclose(np.asarray(b), np.asarray(a), atol=1e-5, rtol=1e-4)
+
+
 def test_chunked_logprobs_and_entropy_match_torch(tiny_checkpoints):
     path, torch_model = tiny_checkpoints["qwen2_tied"]
     ids, positions, mask, targets = _inputs(torch_model.config.vocab_size)
@@ -64,20 +82,12 @@ def test_long_rows_match_torch_across_causal_blocks_and_unrolled_layers(tiny_che
     logits = torch.tensor(hf_models.torch_logits(torch_model, ids, positions, mask))
     expected = torch.log_softmax(logits, -1).gather(-1, torch.tensor(targets)[..., None])[..., 0]
     model = load_hf_checkpoint(path)
+    inputs = (ids, positions, mask, targets)
+    scanned, g_scanned = _logprobs_and_grads(model, *inputs, scan_unroll=1)
+    unrolled, g_unrolled = _logprobs_and_grads(model, *inputs, scan_unroll=2)
     valid = mask.astype(bool)
-
-    def loss(params, scan_unroll):
-        logp, _ = token_logprobs(
-            params, model.config, ids, positions, mask, targets, scan_unroll=scan_unroll
-        )
-        return jnp.sum(logp * mask), logp
-
-    (_, scanned), g_scanned = jax.value_and_grad(loss, has_aux=True)(model.params, 1)
-    (_, unrolled), g_unrolled = jax.value_and_grad(loss, has_aux=True)(model.params, 2)
     assert np.abs(np.asarray(scanned)[valid] - expected.numpy()[valid]).max() <= 1e-4
-    np.testing.assert_allclose(np.asarray(unrolled)[valid], np.asarray(scanned)[valid], atol=1e-5)
-    for a, b in zip(jax.tree.leaves(g_scanned), jax.tree.leaves(g_unrolled)):
-        np.testing.assert_allclose(np.asarray(b), np.asarray(a), atol=1e-5, rtol=1e-4)
+    _assert_same(scanned, g_scanned, unrolled, g_unrolled, valid)
 
 
 def _shapes_in(jaxpr):
@@ -109,19 +119,10 @@ def test_query_chunked_attention_matches_one_block(tiny_checkpoints):
     path, torch_model = tiny_checkpoints["qwen3"]
     ids, positions, mask, targets = _inputs(torch_model.config.vocab_size)
     model = load_hf_checkpoint(path)
-
-    def loss(params, attn_chunk):
-        logp, _ = token_logprobs(
-            params, model.config, ids, positions, mask, targets, attn_chunk=attn_chunk
-        )
-        return jnp.sum(logp * mask), logp
-
-    (_, whole), g_whole = jax.value_and_grad(loss, has_aux=True)(model.params, 1024)
-    (_, chunked), g_chunked = jax.value_and_grad(loss, has_aux=True)(model.params, 5)
-    valid = mask.astype(bool)
-    np.testing.assert_allclose(np.asarray(chunked)[valid], np.asarray(whole)[valid], atol=1e-5)
-    for a, b in zip(jax.tree.leaves(g_whole), jax.tree.leaves(g_chunked)):
-        np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=1e-5, rtol=1e-4)
+    inputs = (ids, positions, mask, targets)
+    whole, g_whole = _logprobs_and_grads(model, *inputs, attn_chunk=1024)
+    chunked, g_chunked = _logprobs_and_grads(model, *inputs, attn_chunk=5)
+    _assert_same(whole, g_whole, chunked, g_chunked, mask.astype(bool))
 
 
 def _shared_prompt_batch(vocab, prompt_lengths=(7, 4), rows_per_prompt=3, width=16):

@@ -1,9 +1,9 @@
 """Flax (linen) Qwen2 / Qwen2.5 / Qwen3 causal LM with an optional KV cache.
 
 Layers are stacked with `nn.scan` (one compiled layer body, parameters with a leading layer axis),
-optionally rematerialised. Parameter names follow Hugging Face so checkpoint mapping stays
-trivial: `embed_tokens`, `layers/{self_attn,mlp,input_layernorm,post_attention_layernorm}`, `norm`,
-`lm_head`.
+optionally rematerialised or unrolled (`scan_unroll`). Parameter names follow Hugging Face so
+checkpoint mapping stays trivial: `embed_tokens`,
+`layers/{self_attn,mlp,input_layernorm,post_attention_layernorm}`, `norm`, `lm_head`.
 
 Inputs are explicit: `input_ids [B, T]`, `positions [B, T]` (RoPE positions) and `mask [B, T]`
 (1 for real tokens). A key is visible to a query when it sits at the same or an earlier slot and
