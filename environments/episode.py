@@ -220,11 +220,12 @@ class Episode:
 
     def _open_turn(self) -> list[Message]:
         """Returns the messages opening the current turn, revealing held-back tools first."""
-        messages = self.renderer.user_turn(self.task.turns[self.turn])
+        messages = []
         revealed = self.task.revealed_docs.get(self.turn)
         if revealed:
             self.shown |= {doc["name"] for doc in revealed}
             messages.append(self.renderer.reveal(revealed))
+        messages += self.renderer.user_turn(self.task.turns[self.turn])
         self._record(messages)
         return messages
 

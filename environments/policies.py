@@ -11,6 +11,9 @@ from environments.task import ToolTask
 from environments.toolcall import ToolCall, parse_python_call, render_tool_call
 
 FINAL_ANSWER = "I have completed the request."
+# The oracle's answer on a turn whose ground truth makes no call (a value or a function is
+# missing): ask instead of acting.
+CLARIFY = "I cannot do that yet. Please tell me more."
 NO_ACTION = "I cannot help with that."
 
 
@@ -29,14 +32,15 @@ def _named_arguments(task: ToolTask, call: ToolCall) -> dict:
 def oracle_turns(task: ToolTask) -> list[list[str]]:
     """Returns, per user turn, the assistant messages that replay the ground truth.
 
-    A turn with ground-truth calls gets one message holding all of them, then a final answer;
-    a turn without gets only a plain-text answer.
+    A turn with ground-truth calls gets one message per call (a later call may use an earlier
+    one's result, as sending the text of a file just read does), then a final answer; a turn
+    without gets only a plain-text request for more (CLARIFY).
     """
     turns = []
     for sources in task.ground_truth:
         calls = [parse_python_call(source) for source in sources]
         blocks = [render_tool_call(ToolCall(c.name, _named_arguments(task, c))) for c in calls]
-        turns.append(["\n".join(blocks), FINAL_ANSWER] if blocks else [FINAL_ANSWER])
+        turns.append([*blocks, FINAL_ANSWER] if blocks else [CLARIFY])
     return turns
 
 

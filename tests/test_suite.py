@@ -130,15 +130,16 @@ def test_miss_func_reveals_the_tool_and_punishes_a_substitute():
         "eval", "miss_func", lambda t: len(t.turns) == 2 and setters & {d["name"] for d in t.docs}
     )
     ((turn, (held,)),) = task.revealed_docs.items()
-    assert turn == 1 and task.turns[1] == [] and task.ground_truth[0] == []
+    assert turn == 1 and task.turns[1] == task.turns[0] and task.ground_truth[0] == []
     shown = [d["name"] for d in task.docs]
     assert held["name"] not in shown
     episode = Episode(task)
     system, _ = episode.reset()
     assert f'"name": "{held["name"]}"' not in system["content"]
-    reveal, _ = episode.step(FINAL_ANSWER)
-    assert REVEAL_SUFFIX in reveal[-1]["content"]
-    assert f'"name": "{held["name"]}"' in reveal[-1]["content"]
+    reveal, *request = episode.step(FINAL_ANSWER)[0]  # the tool first, then the request again
+    assert REVEAL_SUFFIX in reveal["content"]
+    assert f'"name": "{held["name"]}"' in reveal["content"]
+    assert [m["content"] for m in request] == [m["content"] for m in task.turns[1]]
     truth = oracle_turns(task)
     assert play(task, truth).success
     wrong = call("set_ac", temp=20) if "set_ac" in shown else call("set_lights", mode="auto")

@@ -7,13 +7,16 @@ them, so later requests stay consistent with earlier ones. Categories:
 * base: one or two requests.
 * long_context: a reading request then another, on scenarios loaded in long-context mode
   (extra files, extra inbox messages, a trip log in every car result).
-* miss_param: (an optional base request, then) a request with one value left out; the turn has
-  no ground truth (the right move is to ask) and the next user turn supplies the value.
-* miss_func: (an optional base request, then) a request whose tool is held back; the turn has no
-  ground truth (the right move is a plain-text answer) and the next turn reveals the tool.
+* miss_param: a state-changing request with one value left out ("Delete a file for me."); the
+  turn has no ground truth (the right move is to ask) and the next user turn makes the whole
+  request (so that a small policy needs no earlier turn to act on it).
+* miss_func: a state-changing request whose tool is held back; the turn has no ground truth
+  (the right move is a plain-text answer) and the next turn reveals the tool, then makes the
+  request again.
 
-Only state-changing requests leave a value out: a guessed value then changes the state (the
-tools count their changes), which the official check of the following turn catches.
+Only state-changing requests are made too early: acting on one (with a guessed value, or with
+any tool at hand) then changes the state (the tools count their changes), which the official
+check of the following turn catches.
 """
 
 import functools
@@ -70,14 +73,14 @@ class _World:
 class _Request:
     """One user request and its ground truth.
 
-    `omitted` is (request without one value, follow-up that supplies it), or None when the
-    request has no value worth leaving out.
+    `vague` is the request with one value left out, or None when the request has no value
+    worth leaving out.
     """
 
     text: str
     calls: tuple[str, ...]
     classes: tuple[str, ...]
-    omitted: tuple[str, str] | None
+    vague: str | None
 
     @property
     def tools(self) -> tuple[str, ...]:
@@ -105,16 +108,15 @@ def _move(rng: random.Random, w: _World) -> _Request:
     name = rng.choice(sorted(w.files))
     folder = rng.choice([f for f in FOLDERS if f != w.files[name]["folder"]])
     w.files[name]["folder"] = folder
-    omitted = (f"Move {name} to another folder.", f"Put it in {folder}.")
     call = _call("move_file", name=name, folder=folder)
-    return _Request(f"Move {name} to {folder}.", (call,), ("Files",), omitted)
+    return _Request(f"Move {name} to {folder}.", (call,), ("Files",), f"Move {name} somewhere.")
 
 
 def _delete(rng: random.Random, w: _World) -> _Request:
     name = rng.choice(sorted(w.files))
     del w.files[name]
-    omitted = ("Delete a file for me.", f"It is {name}.")
-    return _Request(f"Delete {name}.", (_call("delete_file", name=name),), ("Files",), omitted)
+    call = _call("delete_file", name=name)
+    return _Request(f"Delete {name}.", (call,), ("Files",), "Delete a file for me.")
 
 
 def _read(rng: random.Random, w: _World) -> _Request:
@@ -130,16 +132,14 @@ def _list(rng: random.Random, w: _World) -> _Request:
 
 def _lights(rng: random.Random, w: _World) -> _Request:
     w.lights = rng.choice([m for m in LIGHT_MODES if m != w.lights])
-    omitted = ("Change the lights.", f"Set them to {w.lights}.")
     call = _call("set_lights", mode=w.lights)
-    return _Request(f"Set the lights to {w.lights}.", (call,), ("Car",), omitted)
+    return _Request(f"Set the lights to {w.lights}.", (call,), ("Car",), "Change the lights.")
 
 
 def _ac(rng: random.Random, w: _World) -> _Request:
     w.ac_temp = rng.choice([t for t in range(AC_RANGE[0], AC_RANGE[1] + 1) if t != w.ac_temp])
-    omitted = ("Change the AC.", f"Make it {w.ac_temp} degrees.")
     call = _call("set_ac", temp=w.ac_temp)
-    return _Request(f"Set the AC to {w.ac_temp} degrees.", (call,), ("Car",), omitted)
+    return _Request(f"Set the AC to {w.ac_temp} degrees.", (call,), ("Car",), "Change the AC.")
 
 
 def _start(rng: random.Random, w: _World) -> _Request | None:
@@ -148,8 +148,7 @@ def _start(rng: random.Random, w: _World) -> _Request | None:
     w.engine = "on"
     mode = rng.choice(DRIVE_MODES)
     calls = (_call("press_brake"), _call("start_engine", mode=mode))
-    omitted = ("Start the engine.", f"Use {mode} mode.")
-    return _Request(f"Start the engine in {mode} mode.", calls, ("Car",), omitted)
+    return _Request(f"Start the engine in {mode} mode.", calls, ("Car",), "Start the engine.")
 
 
 def _login_first(rng: random.Random, w: _World) -> tuple[str, tuple[str, ...]]:
@@ -168,12 +167,9 @@ def _send(rng: random.Random, w: _World) -> _Request:
     prefix, login = _login_first(rng, w)
     to = rng.choice([u for u in USERS if u != w.user])
     text = rng.choice(MESSAGES)
-    if rng.random() < 0.5:
-        omitted = (f"{prefix}Send a message to {to}.", f"Say '{text}'.")
-    else:
-        omitted = (f"{prefix}Send '{text}' to a friend.", f"Send it to {to}.")
+    vague = f"Send a message to {to}." if rng.random() < 0.5 else f"Send '{text}' to a friend."
     calls = login + (_call("send", to=to, text=text),)
-    return _Request(f"{prefix}Send '{text}' to {to}.", calls, ("Messenger",), omitted)
+    return _Request(f"{prefix}Send '{text}' to {to}.", calls, ("Messenger",), prefix + vague)
 
 
 def _inbox(rng: random.Random, w: _World) -> _Request:
@@ -188,8 +184,8 @@ def _forward(rng: random.Random, w: _World) -> _Request | None:
     name = rng.choice(sorted(w.files))
     to = rng.choice([u for u in USERS if u != w.user])
     calls = (_call("read_file", name=name), _call("send", to=to, text=w.files[name]["text"]))
-    omitted = (f"Send the text of {name} to a friend.", f"Send it to {to}.")
-    return _Request(f"Send the text of {name} to {to}.", calls, ("Files", "Messenger"), omitted)
+    vague = f"Send the text of {name} to a friend."
+    return _Request(f"Send the text of {name} to {to}.", calls, ("Files", "Messenger"), vague)
 
 
 Intent = Callable[[random.Random, _World], _Request | None]
@@ -246,7 +242,7 @@ def _draw_task(rng: random.Random, category: str, task_id: str) -> ToolTask:
     world = _random_world(rng)
     scenario = world.scenario()
     everything = tuple(INTENTS)
-    plain = {"base": rng.randint(1, 2), "long_context": 2}.get(category, rng.randint(0, 1))
+    plain = {"base": rng.randint(1, 2), "long_context": 2}.get(category, 0)
     requests, turns, truth = [], [], []
     held, revealed = None, {}
 
@@ -260,19 +256,17 @@ def _draw_task(rng: random.Random, category: str, task_id: str) -> ToolTask:
         requests.append(_request(rng, world, names, fits))
         turns.append([requests[-1].text])
         truth.append(list(requests[-1].calls))
-    if category == "miss_param":
-        special = _request(rng, world, everything, lambda r: fits(r) and r.omitted is not None)
+    if category in ("miss_param", "miss_func"):
+        # A state-changing request: acting on it too early shows in the state, so the only
+        # passing move on the first of its two turns is to answer in plain text.
+        special = _request(rng, world, everything, lambda r: r.vague is not None)
         requests.append(special)
-        turns += [[special.omitted[0]], [special.omitted[1]]]
+        first = special.vague if category == "miss_param" else special.text
+        turns += [[first], [special.text]]
         truth += [[], list(special.calls)]
-    if category == "miss_func":
-        used = {t for r in requests for t in r.tools}
-        special = _request(rng, world, everything, lambda r: fits(r) and r.tools[-1] not in used)
-        requests.append(special)
-        held = special.tools[-1]
-        turns += [[special.text], []]
-        truth += [[], list(special.calls)]
-        revealed = {len(turns) - 1: [DOCS[held]]}
+        if category == "miss_func":
+            held = special.tools[-1]
+            revealed = {len(turns) - 1: [DOCS[held]]}
     classes = [c for c in CLASSES if any(c in r.classes for r in requests)]
     return ToolTask(
         task_id=task_id,
