@@ -45,6 +45,10 @@ def base_config() -> ml_collections.ConfigDict:
     c.sft.categories = ()
     c.sft.num_tasks = 0  # training tasks whose oracle transcripts are used (0: all)
     c.sft.length_bucket = 128
+    # The first this many steps fit the whole transcript (the prompt, user and tool messages
+    # too), the rest only the assistant replies: a small scratch policy first learns to read
+    # the conversation it must copy from (configs/tiny.py).
+    c.sft.all_token_steps = 0
 
     # Device mesh: axis sizes; -1 takes the remaining devices. Batch is split over data x fsdp,
     # parameters over fsdp (model dim) and tensor (heads / MLP / vocab).
@@ -67,7 +71,9 @@ def base_config() -> ml_collections.ConfigDict:
 
     c.rl = ml_collections.ConfigDict()
     c.rl.group_size = 8  # G rollouts per task
-    c.rl.reward = "binary"  # binary (the paper) | progress (passed turns / turns with a call)
+    # binary (the paper) | strict (binary, and no call on a turn that needs none: BFCL's
+    # irrelevance check) | progress (passed turns / turns with a call)
+    c.rl.reward = "binary"
     # Groups whose rewards are all equal have zero advantage. True drops them from the update
     # (DAPO's filter): token-mean then averages over the tokens that carry signal, and a step
     # without any such group makes no optimizer step (Adam's momentum would still move weights).

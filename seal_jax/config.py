@@ -44,7 +44,7 @@ def validate(c: Any) -> None:
     )
     _choice(c.weighting.mode, "weighting.mode", ("all", "positive", "negative"))
     _choice(c.env.name, "env.name", ("bfcl", "suite"))
-    _choice(c.rl.reward, "rl.reward", ("binary", "progress"))
+    _choice(c.rl.reward, "rl.reward", ("binary", "strict", "progress"))
     _choice(c.rl.old_logprobs, "rl.old_logprobs", ("recompute", "sampler"))
     _choice(c.env.train_mode, "env.train_mode", ("training", "official"))
     for key in (
@@ -78,6 +78,11 @@ def validate(c: Any) -> None:
         raise ConfigError(
             f"a mini-batch of {rows} rollouts (train.mini_batch_tasks x rl.group_size) does not "
             f"split into --config.optim.grad_accum={c.optim.grad_accum} micro-batches"
+        )
+    if not 0 <= c.sft.all_token_steps <= c.sft.steps:
+        raise ConfigError(
+            f"--config.sft.all_token_steps={c.sft.all_token_steps}: use 0 to "
+            f"sft.steps={c.sft.steps}"
         )
     for key in ("rollout.max_new_tokens", "train.eval_max_new_tokens"):
         section, field = key.split(".")

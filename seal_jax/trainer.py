@@ -378,13 +378,23 @@ NO_CALL_TAGS = ("correct_abstention", "spurious_tool_call")
 
 
 def episode_rewards(results: Any, kind: str) -> np.ndarray:
-    """Rewards [B]: "binary" (1.0 on success, the paper's) or "progress" (passed turns / turns
-    with a ground-truth call, SEAL_METHOD.md section 5; binary for episodes without such turns).
+    """Rewards [B]: "binary" (1.0 on success, the paper's), "strict" (1.0 on success without a
+    call on any turn whose ground truth makes none: BFCL's irrelevance check, as
+    `EpisodeResult.strict_success`) or "progress" (passed turns / turns with a ground-truth call,
+    SEAL_METHOD.md section 5; binary for episodes without such turns).
     """
     if kind == "binary":
         return np.asarray(results.rewards, np.float32)
+    if kind == "strict":
+        return np.asarray(
+            [
+                bool(r) and "spurious_tool_call" not in tags
+                for r, tags in zip(results.rewards, results.turn_tags)
+            ],
+            np.float32,
+        )
     if kind != "progress":
-        raise config_lib.ConfigError(f"--config.rl.reward={kind!r}: use binary or progress")
+        raise config_lib.ConfigError(f"--config.rl.reward={kind!r}: use binary, strict or progress")
     out = []
     for success, tags in zip(results.rewards, results.turn_tags):
         graded = [t for t in tags if t not in NO_CALL_TAGS]
