@@ -85,11 +85,14 @@ def oracle_transcripts(
     return [oracle_transcript(task, chat, renderer) for task in tasks]
 
 
-def sft_batch(transcripts: Sequence[Transcript], length_bucket: int) -> dict[str, np.ndarray]:
+def sft_batch(
+    transcripts: Sequence[Transcript], length_bucket: int, all_tokens: bool = False
+) -> dict[str, np.ndarray]:
     """Right-padded next-token batch (layout of `seal_jax.trajectories`) of whole transcripts.
 
     Returns input_ids, positions, mask [B, T], and targets, loss_mask aligned to targets
-    (`loss_mask[:, t]` is True when the id at t + 1 is an assistant id).
+    (`loss_mask[:, t]` is True when the id at t + 1 is an assistant id, or any transcript id
+    when `all_tokens`).
     """
     b = len(transcripts)
     t = padded_length([len(ids) for ids, _ in transcripts], length_bucket)
@@ -104,7 +107,7 @@ def sft_batch(transcripts: Sequence[Transcript], length_bucket: int) -> dict[str
         batch["input_ids"][row, :n] = ids
         batch["mask"][row, :n] = True
         batch["targets"][row, : n - 1] = ids[1:]
-        batch["loss_mask"][row, : n - 1] = loss_mask[1:]
+        batch["loss_mask"][row, : n - 1] = True if all_tokens else loss_mask[1:]
     batch["positions"] = np.broadcast_to(np.arange(t, dtype=np.int32), (b, t)).copy()
     return batch
 
@@ -150,6 +153,7 @@ def warm_start(
     weight_decay: float = 0.0,
     grad_clip: float = 1.0,
     length_bucket: int = 128,
+    all_token_steps: int = 0,
     dtype: Any = jnp.float32,
     chunk: int = 512,
     scan_unroll: int = 1,
@@ -168,6 +172,8 @@ def warm_start(
       seed: fixes the batch order (the only randomness).
       weight_decay, grad_clip: AdamW's decoupled weight decay, global-norm clipping (0: off).
       length_bucket: batch lengths are padded to a multiple of this (one compile per bucket).
+      all_token_steps: the first this many steps fit every transcript id (prompts, user and tool
+        messages too), the remaining ones only the assistant replies.
       dtype: compute dtype; chunk: sequence chunk of the vocabulary projection.
       scan_unroll: layers per iteration of the layer scan (`Qwen.scan_unroll`).
       log_every: log loss and rates every this many steps (and at the last step).
@@ -210,7 +216,7 @@ def warm_start(
     start, tokens = time.perf_counter(), 0
     for step in range(steps):
         rows = order[step * batch_size : (step + 1) * batch_size]
-        batch = sft_batch([transcripts[i] for i in rows], length_bucket)
+        batch = sft_batch([transcripts[i] for i in rows], length_bucket, step < all_token_steps)
         tokens += int(batch["loss_mask"].sum())
         with jax.set_mesh(mesh):
             params, opt_state, metrics = step_fn(params, opt_state, batch)

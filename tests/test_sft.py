@@ -134,6 +134,21 @@ def test_transcript_decodes_to_the_rendered_conversation_and_masks_only_replies(
         assert _runs(mask)[0][0] == len(chat.prompt_ids(Episode(task).reset()))
 
 
+def test_batch_targets_are_the_next_ids_masked_to_replies_or_to_all_ids(chat):
+    transcripts = [sft.oracle_transcript(load_task(task_id), chat) for task_id in TASK_IDS[:2]]
+    replies, whole = (sft.sft_batch(transcripts, 128, all_tokens) for all_tokens in (False, True))
+    assert replies["input_ids"].shape[1] % 128 == 0
+    for row, (ids, mask) in enumerate(transcripts):
+        n = len(ids)
+        np.testing.assert_array_equal(replies["targets"][row, : n - 1], ids[1:])
+        np.testing.assert_array_equal(replies["loss_mask"][row, : n - 1], mask[1:])
+        np.testing.assert_array_equal(whole["loss_mask"][row, : n - 1], True)
+        assert (
+            not replies["loss_mask"][row, n - 1 :].any()
+            and not whole["loss_mask"][row, n - 1 :].any()
+        )
+
+
 def _reference_logprobs(params, cfg, ids: np.ndarray) -> np.ndarray:
     """log p(ids[t + 1] | ids[: t + 1]) from the full logits (not the chunked training path)."""
     logits = _full_logits(params, cfg, np.pad(ids, (0, REFERENCE_LENGTH - len(ids))))
