@@ -45,10 +45,10 @@ def base_config() -> ml_collections.ConfigDict:
     c.sft.categories = ()
     c.sft.num_tasks = 0  # training tasks whose oracle transcripts are used (0: all)
     c.sft.length_bucket = 128
-    # The first this many steps fit the whole transcript (the prompt, user and tool messages
-    # too), the rest only the assistant replies: a small scratch policy first learns to read
-    # the conversation it must copy from (configs/tiny.py).
-    c.sft.all_token_steps = 0
+    # This fraction of the steps (the first ones) fits whole transcripts (the prompt, user and
+    # tool messages too), the rest only the assistant replies: a small scratch policy first
+    # learns to read the conversation it must copy from (configs/tiny.py).
+    c.sft.all_token_fraction = 0.0
 
     # Device mesh: axis sizes; -1 takes the remaining devices. Batch is split over data x fsdp,
     # parameters over fsdp (model dim) and tensor (heads / MLP / vocab).

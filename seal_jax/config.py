@@ -79,10 +79,9 @@ def validate(c: Any) -> None:
             f"a mini-batch of {rows} rollouts (train.mini_batch_tasks x rl.group_size) does not "
             f"split into --config.optim.grad_accum={c.optim.grad_accum} micro-batches"
         )
-    if not 0 <= c.sft.all_token_steps <= c.sft.steps:
+    if not 0.0 <= c.sft.all_token_fraction <= 1.0:
         raise ConfigError(
-            f"--config.sft.all_token_steps={c.sft.all_token_steps}: use 0 to "
-            f"sft.steps={c.sft.steps}"
+            f"--config.sft.all_token_fraction={c.sft.all_token_fraction}: use 0.0 to 1.0"
         )
     for key in ("rollout.max_new_tokens", "train.eval_max_new_tokens"):
         section, field = key.split(".")

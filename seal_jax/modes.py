@@ -123,7 +123,7 @@ def _warm_start(config: Any, path: str, out: str) -> None:
         warmup_steps=config.sft.warmup_steps,
         seed=config.seed,
         length_bucket=config.sft.length_bucket,
-        all_token_steps=config.sft.all_token_steps,
+        all_token_steps=round(config.sft.all_token_fraction * config.sft.steps),
         dtype=model.compute_dtype,
         scan_unroll=config.model.scan_unroll,
     )
