@@ -93,19 +93,20 @@ def _calls(message):
 def _perturb(kind, turns, rng):
     """Returns a perturbed copy of oracle turns, or None when `kind` does not apply."""
     turns = [list(messages) for messages in turns]
-    with_calls = [i for i, m in enumerate(turns) if _calls(m[0])]
-    empty = [i for i, m in enumerate(turns) if not _calls(m[0])]
+    turn_calls = [[c for m in messages for c in _calls(m)] for messages in turns]
+    with_calls = [i for i, calls in enumerate(turn_calls) if calls]
+    empty = [i for i, calls in enumerate(turn_calls) if not calls]
     if kind == "early_stop":
         return turns[: rng.randrange(len(turns))]
     if kind == "calls_on_irrelevance_turn":
         if not empty or not with_calls:
             return None
-        turns[rng.choice(empty)].insert(0, turns[rng.choice(with_calls)][0])
+        turns[rng.choice(empty)].insert(0, "\n".join(turn_calls[rng.choice(with_calls)]))
         return turns
     if not with_calls:
         return None
     turn = rng.choice(with_calls)
-    calls = _calls(turns[turn][0])
+    calls = turn_calls[turn]  # the oracle makes one call per message: one message for all here
     if kind == "drop_call":
         del calls[rng.randrange(len(calls))]
     elif kind == "extra_call":
@@ -130,7 +131,7 @@ def _perturb(kind, turns, rng):
     elif kind == "hostile_calls":  # Private, dunder and unknown names run nothing.
         turns[turn].insert(0, "\n".join(HOSTILE_CALLS))
         return turns
-    turns[turn][0] = "\n".join(calls) if calls else FINAL_ANSWER
+    turns[turn] = ["\n".join(calls) if calls else FINAL_ANSWER, FINAL_ANSWER]
     return turns
 
 
