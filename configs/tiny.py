@@ -14,26 +14,21 @@ from environments.interface import COMPONENTS
 
 
 def get_config(variant: str = "seal") -> ml_collections.ConfigDict:
-    """Sized for 10-11 minutes on 2 CPU cores. The issue's +15 points target is NOT met.
+    """Sized for ~14 minutes on 2 CPU cores with a warm compilation cache; the issue's +15
+    points from RL is NOT met.
 
-    Measured (seed 0, 2 CPU cores, empty compilation cache): 11m00s end to end on a machine
-    where the warm start runs at 2.5 steps/s (6.7 min; RL 32 steps 2.9 min, three evaluations
-    1.2 min; 9m18s again with a warm cache); evaluation mean 48.0% -> 48.5% (step 16) -> 48.0%
-    (step 32), +3.5 and +3.5 with RL seeds 1 and 2. The warm start covers the base and
-    long_context training tasks only (part of the training tasks, as the issue asks), for 1,000
-    steps: that is what it takes this 2-layer policy to fit its 200 transcripts (loss
-    0.001-0.002), and the fit carries over to about half of the evaluation tasks because the
-    suite's value pools are small (300 steps: 4.5% -> 5.0% with RL; the same 1,000 steps on 4x
-    as many tasks: 10%). Training rollouts run with BFCL's own semantics
-    (`env.train_mode="official"`, as evaluation does). What RL learns within this budget is to
-    make some decodable call on the turn that reveals a held-back function (the call fails, but
-    official scoring passes the task because the held-back call already ran a turn earlier).
-    Whether the warm start already does that is a float-rounding accident (miss_func 26%, 42% or
-    64% at step 0 for the same seed on other machines or code): where it does not, RL gains +8
-    to +13.5 points (+9 on seed 0 of the earlier machine, 42.0% -> 51.0%); where it does, 0 to
-    +3.5. RL does not improve copying within this budget; with BFCL's irrelevance check applied
-    too (`strict_mean`) no run moves by more than a few points. See benchmarks/README.md ("The
-    learning target") for the full record.
+    Measured (seed 0, a 2-core machine where the warm start runs at 1.2 steps/s): `make demo`
+    19m14s from an empty compilation cache (warm start 7 min, RL 9 min at ~20 s/step while it
+    compiles, three evaluations 3 min; RL steps take ~10 s with a warm cache). Evaluation mean
+    51.5% -> 64.5% (step 16) -> 44.0% (step 32): RL first learns the miss_func first-turn
+    abstention (16 -> 58) and some of miss_param (30 -> 48), then over-abstains on the copying
+    categories (empty turns 6 -> 57; base 76 -> 50). The same recipe on a warm start that
+    differs only in float summation order went 56.0 -> 54.0 -> 61.5. The warm start covers the
+    base and long_context training tasks (part of the training tasks, as the issue asks) for
+    500 steps, the first 60% on whole transcripts: a 2-layer policy first learns to read the
+    messages it copies values from (reply-only warm starts of this length: 22-60%). Training
+    rollouts run with BFCL's own semantics (`env.train_mode="official"`, as evaluation does).
+    See benchmarks/README.md ("The learning target") for the full record.
     """
     c = apply_variant(base_config(), variant)
     c.env.name = "suite"
@@ -49,8 +44,8 @@ def get_config(variant: str = "seal") -> ml_collections.ConfigDict:
     c.model.scan_unroll = 2  # the layer count: both layers unrolled, 1.2x faster steps on CPU
     c.model.logprob_chunk = 256
     # 500 steps on two categories, the first 300 on whole transcripts: the policy first learns
-    # to read the conversation it copies values from (replies only for 500 steps: 22-60% on
-    # seed changes; 1,000 steps: 48%).
+    # to read the conversation it copies values from (replies only, 500 steps: 22-60% over
+    # variants of the recipe).
     c.sft.steps = 500
     c.sft.all_token_fraction = 0.6
     c.sft.categories = ("base", "long_context")
@@ -68,7 +63,8 @@ def get_config(variant: str = "seal") -> ml_collections.ConfigDict:
     c.train.eval_batch_tasks = 100
     c.train.length_bucket = 128
     c.train.write_report = True
-    # 5e-4 went 42% -> 39.5% -> 43.5%; 1e-4 (at temperature 0.7) 42% -> 47%.
+    # From one warm start: 3e-4 went 56.0% -> 61.5%, 5e-4 -> 59.5%; 1e-3 with one optimizer
+    # step per step collapsed (45% -> 4%).
     c.optim.lr = 3e-4
     c.optim.weight_decay = 0.0
     c.rl.kl_coef = 0.0
