@@ -83,10 +83,15 @@ class EpisodeResult:
 
     @property
     def strict_success(self) -> bool:
-        """`success` that also passes BFCL's `multi_turn_irrelevance_checker`: no call on a turn
-        whose ground truth makes none. bfcl_eval ships that check but its runner does not apply
-        it, so official success accepts a held-back function called before its reveal."""
-        return self.success and "spurious_tool_call" not in self.turn_tags
+        """`success` that also passes BFCL's irrelevance check (see `strict_success`)."""
+        return strict_success(self.success, self.turn_tags)
+
+
+def strict_success(success: bool, turn_tags: list[str]) -> bool:
+    """`success` that also passes BFCL's `multi_turn_irrelevance_checker`: no call on a turn
+    whose ground truth makes none. bfcl_eval ships that check but its runner does not apply it,
+    so official success accepts a held-back function called before its reveal."""
+    return bool(success) and "spurious_tool_call" not in turn_tags
 
 
 class Episode:

@@ -26,7 +26,7 @@ import jax.numpy as jnp
 import numpy as np
 from absl import logging
 
-from environments.episode import EpisodeConfig
+from environments.episode import EpisodeConfig, strict_success
 from environments.interface import LearningInterface
 from environments.pool import EnvPool, PoolConfig
 from environments.sources import TaskSource, get_source
@@ -345,10 +345,8 @@ def evaluate(run: Run, params: Any, step: int) -> dict:
     results = [x for part in distributed.allgather_objects(local) for x in part]
     by_category: dict[str, list[tuple[bool, bool]]] = {}
     tags: dict[str, int] = {}
-    for task_id, success, strict_success, turn_tags in results:
-        by_category.setdefault(run.source.category_of(task_id), []).append(
-            (success, strict_success)
-        )
+    for task_id, success, passes_strict, turn_tags in results:
+        by_category.setdefault(run.source.category_of(task_id), []).append((success, passes_strict))
         for tag in turn_tags:
             tags[tag] = tags.get(tag, 0) + 1
     means = {c: np.mean(by_category[c], axis=0) for c in run.source.categories if c in by_category}
@@ -379,20 +377,15 @@ NO_CALL_TAGS = ("correct_abstention", "spurious_tool_call")
 
 def episode_rewards(results: Any, kind: str) -> np.ndarray:
     """Rewards [B]: "binary" (1.0 on success, the paper's), "strict" (1.0 on success without a
-    call on any turn whose ground truth makes none: BFCL's irrelevance check, as
-    `EpisodeResult.strict_success`) or "progress" (passed turns / turns with a ground-truth call,
-    SEAL_METHOD.md section 5; binary for episodes without such turns).
+    call on any turn whose ground truth makes none: `environments.episode.strict_success`) or
+    "progress" (passed turns / turns with a ground-truth call, SEAL_METHOD.md section 5; binary
+    for episodes without such turns).
     """
     if kind == "binary":
         return np.asarray(results.rewards, np.float32)
     if kind == "strict":
-        return np.asarray(
-            [
-                bool(r) and "spurious_tool_call" not in tags
-                for r, tags in zip(results.rewards, results.turn_tags)
-            ],
-            np.float32,
-        )
+        pairs = zip(results.rewards, results.turn_tags)
+        return np.asarray([strict_success(r, tags) for r, tags in pairs], np.float32)
     if kind != "progress":
         raise config_lib.ConfigError(f"--config.rl.reward={kind!r}: use binary, strict or progress")
     out = []
