@@ -61,7 +61,9 @@ def base_config() -> ml_collections.ConfigDict:
     c.optim.lr = 1e-6
     c.optim.schedule = "constant"  # constant | cosine | linear
     c.optim.warmup_steps = 0
-    c.optim.total_steps = 72  # used by decaying schedules
+    # Optimizer steps (one per mini-batch) that decaying schedules decay over; past them the lr
+    # stays 0. The paper's run: ~72 steps x 4 mini-batches.
+    c.optim.total_steps = 288
     c.optim.weight_decay = 0.01
     c.optim.b1 = 0.9
     c.optim.b2 = 0.999
