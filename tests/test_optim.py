@@ -109,7 +109,11 @@ def test_opt_state_shardings_follow_params():
 
 @pytest.mark.parametrize(
     "overrides",
-    [dict(schedule="step"), dict(grad_accum=0), dict(schedule="cosine", warmup_steps=72)],
+    [
+        dict(schedule="step"),
+        dict(grad_accum=0),
+        dict(schedule="cosine", warmup_steps=72, total_steps=72),
+    ],
 )
 def test_bad_config_raises(overrides):
     with pytest.raises(ValueError):
