@@ -39,4 +39,4 @@ format: $(VENV)/.installed-test
 	$(PY) -m ruff check --fix .
 
 test: lint
-	$(PY) -m pytest -q tests
+	$(PY) -m pytest -q --durations=20 tests
