@@ -67,9 +67,7 @@ def get_config(variant: str = "seal") -> ml_collections.ConfigDict:
     # step per step collapsed (45% -> 4%).
     c.optim.lr = 3e-4
     # Linear decay to 0 over ~80 optimizer steps, about what 32 steps make (1-4 mini-batches
-    # each: those of the groups with signal). At a constant lr the policy first learned to
-    # abstain, then over-applied it (51.5% -> 64.5% at step 16 -> 44.0% at step 32, seed 0;
-    # decayed: 59.0% -> 66.0%).
+    # each: those of the groups with signal); at a constant lr RL over-abstained (docstring).
     c.optim.schedule = "linear"
     c.optim.total_steps = 80
     c.optim.weight_decay = 0.0
