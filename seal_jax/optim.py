@@ -30,12 +30,13 @@ def make_schedule(optim_config: Any) -> optax.Schedule:
         raise ValueError(
             f"need 0 <= warmup_steps < total_steps; got {c.warmup_steps}, {c.total_steps}"
         )
+    decay_steps = c.total_steps - c.warmup_steps
     if c.schedule == "cosine":
-        return optax.warmup_cosine_decay_schedule(0.0, c.lr, c.warmup_steps, c.total_steps, 0.0)
-    if c.schedule == "constant":
+        after_warmup = optax.cosine_decay_schedule(c.lr, decay_steps)
+    elif c.schedule == "constant":
         after_warmup = optax.constant_schedule(c.lr)
     else:
-        after_warmup = optax.linear_schedule(c.lr, 0.0, c.total_steps - c.warmup_steps)
+        after_warmup = optax.linear_schedule(c.lr, 0.0, decay_steps)
     if c.warmup_steps == 0:
         return after_warmup
     warmup = optax.linear_schedule(0.0, c.lr, c.warmup_steps)
