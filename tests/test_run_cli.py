@@ -5,8 +5,10 @@ import os
 import subprocess
 import sys
 
+import ml_collections
 import pytest
 
+from configs.qwen import get_config as qwen_config
 from tests.devices import REPO
 
 
@@ -50,18 +52,28 @@ def test_user_errors_are_one_line(tmp_path, args, message):
     assert not any("Traceback" in line for line in lines)
 
 
-def test_overrides_reach_the_saved_resolved_config(tiny_checkpoints, tmp_path):
-    path = tiny_checkpoints["qwen2_untied"][0]
+def test_variant_and_overrides_reach_the_saved_resolved_config(tmp_path):
+    """run.py saves the resolved config (variant suffix and flag overrides applied) before it
+    loads the model, so even a run that stops at a missing checkpoint leaves it."""
     _run(
-        "--config=configs/tiny_test.py",
-        f"--config.model.path={path}",
+        "--config=configs/qwen.py:closed_loop",
+        "--config.model.path=/nonexistent",
         "--config.optim.lr=3e-6",
-        "--mode=eval",
         tmp_path=tmp_path,
     )
     with open(os.path.join(tmp_path, "wd", "config.json")) as f:
         saved = json.load(f)
-    assert saved["optim"]["lr"] == 3e-6 and saved["model"]["path"] == path
+    assert saved["optim"]["lr"] == 3e-6 and saved["model"]["path"] == "/nonexistent"
+    assert saved["variant"] == "closed_loop"
+    assert saved == json.loads(json.dumps(closed_loop_config(lr=3e-6).to_dict(), default=str))
+
+
+def closed_loop_config(lr: float) -> ml_collections.ConfigDict:
+    """configs/qwen.py:closed_loop with the test's overrides, resolved in this process."""
+    config = qwen_config("closed_loop")
+    config.optim.lr = lr
+    config.model.path = "/nonexistent"
+    return config
 
 
 @pytest.mark.parametrize(
@@ -76,19 +88,12 @@ def test_overrides_reach_the_saved_resolved_config(tiny_checkpoints, tmp_path):
     ],
 )
 def test_ablation_variants_set_their_switches(
-    tmp_path, variant, schema_cues, error_hints, weighting, closed_loop
+    variant, schema_cues, error_hints, weighting, closed_loop
 ):
-    _run(
-        f"--config=configs/qwen.py:{variant}", "--config.model.path=/nonexistent", tmp_path=tmp_path
-    )
-    with open(os.path.join(tmp_path, "wd", "config.json")) as f:
-        saved = json.load(f)
-    assert saved["variant"] == variant
-    assert (saved["interface"]["schema_cues"], saved["interface"]["error_hints"]) == (
+    config = qwen_config(variant)
+    assert config.variant == variant
+    assert (config.interface.schema_cues, config.interface.error_hints) == (
         schema_cues,
         error_hints,
     )
-    assert (saved["weighting"]["enabled"], saved["weighting"]["closed_loop"]) == (
-        weighting,
-        closed_loop,
-    )
+    assert (config.weighting.enabled, config.weighting.closed_loop) == (weighting, closed_loop)
