@@ -120,20 +120,30 @@ def _kill_after_checkpoint(cmd, env, workdir, step):
     proc.wait()
 
 
-def test_resume_after_sigkill_reproduces_the_uninterrupted_run(suite_model, tmp_path):
-    env = _env()
-    straight, resumed = tmp_path / "straight", tmp_path / "resumed"
-    _run(_command(suite_model, straight, "--config.train.max_steps=2"), env)
-    metrics = [json.loads(line) for line in (straight / "metrics.jsonl").read_text().splitlines()]
+@pytest.fixture(scope="module")
+def two_steps(suite_model, tmp_path_factory):
+    """The work directory of an uninterrupted 2-step run: the tests below read it or copy it."""
+    workdir = tmp_path_factory.mktemp("two_steps") / "wd"
+    _run(_command(suite_model, workdir, "--config.train.max_steps=2"), _env())
+    return workdir
+
+
+def _metrics(workdir):
+    return [json.loads(line) for line in (workdir / "metrics.jsonl").read_text().splitlines()]
+
+
+def test_resume_after_sigkill_reproduces_the_uninterrupted_run(suite_model, two_steps, tmp_path):
+    metrics = _metrics(two_steps)
     assert [m["step"] for m in metrics] == [1, 2]
     assert {"rollout", "weights", "utilities", "interface", "loss", "time"} <= metrics[-1].keys()
-    assert os.path.isdir(straight / "tensorboard")
+    assert os.path.isdir(two_steps / "tensorboard")
 
+    env, resumed = _env(), tmp_path / "resumed"
     cmd = _command(suite_model, resumed, "--config.train.max_steps=2")
     _kill_after_checkpoint(cmd, env, resumed, step=1)
     log = _run(cmd, env)  # the same command again resumes
     assert "resumed from" in log
-    _assert_same_state(_checkpoint(straight, 2), _checkpoint(resumed, 2))
+    _assert_same_state(_checkpoint(two_steps, 2), _checkpoint(resumed, 2))
 
 
 @pytest.fixture(scope="module")
@@ -175,54 +185,51 @@ def test_bfcl_fresh_process_on_a_copy_reproduces_the_second_step(qwen3_model, tm
             f"--config.train.max_steps={steps}",
         ]
 
-    straight, first = tmp_path / "straight", tmp_path / "first"
+    straight, copy = tmp_path / "straight", tmp_path / "copy"
     _run(cmd(straight, 2), env)
-    _run(cmd(first, 1), env)
-    copy = tmp_path / "copy"
-    shutil.copytree(first, copy)
+    # A copy of the work directory as it stood after step 1 (keep_checkpoints=3 kept that one).
+    shutil.copytree(straight, copy, ignore=lambda d, _: ["2"] if d.endswith("checkpoints") else [])
     log = _run(cmd(copy, 2), env)
-    assert "resumed from" in log
+    assert "at step 1" in log.split("resumed from", 1)[1].splitlines()[0]
     _assert_same_state(_checkpoint(straight, 2), _checkpoint(copy, 2))
     step = json.loads((straight / "metrics.jsonl").read_text().splitlines()[-1])
     assert step["rollout"]["tokens_generated"] > 0
     assert set(step["rollout"]["success"]) <= {"base", "miss_func", "miss_param", "long_context"}
 
 
-def test_eval_and_export_modes(suite_model, tmp_path):
+def test_eval_and_export_modes(suite_model, two_steps, tmp_path):
     env = _env()
-    workdir = tmp_path / "wd"
     limit = ["--config.train.eval_limit=8", "--config.train.eval_batch_tasks=8"]
-    _run(_command(suite_model, workdir, "--mode=eval", *limit), env)
-    report = json.loads((workdir / "eval_hf.json").read_text())
+    fresh = tmp_path / "fresh"
+    _run(_command(suite_model, fresh, "--mode=eval", *limit), env)
+    report = json.loads((fresh / "eval_hf.json").read_text())
     assert report["num_tasks"] == 8 and len(report["accuracy"]) == 4  # round-robin categories
     assert report["strict_accuracy"].keys() == report["accuracy"].keys()
     assert all(report["strict_accuracy"][c] <= report["accuracy"][c] for c in report["accuracy"])
 
-    _run(_command(suite_model, workdir, "--config.train.max_steps=1"), env)
+    workdir = tmp_path / "trained"
+    shutil.copytree(two_steps, workdir)
     _run(_command(suite_model, workdir, "--mode=export"), env)
     exported = load_hf_checkpoint(str(workdir / "export"))
-    trained, _, _ = _checkpoint(workdir, 1)
+    trained, _, _ = _checkpoint(workdir, 2)
     for path, value in _flatten(exported.params):
         np.testing.assert_allclose(
             np.asarray(value), trained[path], rtol=0, atol=1e-2, err_msg=path
         )  # exported as bfloat16
     assert os.path.isfile(workdir / "export" / "tokenizer.json")
     _run(_command(suite_model, workdir, "--mode=eval", *limit), env)
-    assert json.loads((workdir / "eval_step1.json").read_text())["num_tasks"] == 8
+    assert json.loads((workdir / "eval_step2.json").read_text())["num_tasks"] == 8
 
 
-def test_sampler_old_logprobs_skip_the_recompute(suite_model, tmp_path):
+def test_sampler_old_logprobs_skip_the_recompute(suite_model, two_steps, tmp_path):
     """rl.old_logprobs=sampler takes the PPO ratio's denominator from the engine: the same
-    rollouts, no recompute gap logged, and ratios at 1 (a misaligned or tempered log-prob
-    would put them far off; the recompute's own agreement is checked against the logged gap)."""
-    env = _env()
-    args = ["--config.train.max_steps=1"]
-    recompute, sampler = tmp_path / "recompute", tmp_path / "sampler"
-    _run(_command(suite_model, recompute, *args), env)
-    _run(_command(suite_model, sampler, *args, "--config.rl.old_logprobs=sampler"), env)
-    step = {}
-    for name, workdir in (("recompute", recompute), ("sampler", sampler)):
-        step[name] = json.loads((workdir / "metrics.jsonl").read_text().splitlines()[-1])
+    rollouts as the recomputing run's first step, no recompute gap logged, and ratios at 1 (a
+    misaligned or tempered log-prob would put them far off; the recompute's own agreement is
+    checked against the logged gap)."""
+    sampler = tmp_path / "sampler"
+    args = ["--config.train.max_steps=1", "--config.rl.old_logprobs=sampler"]
+    _run(_command(suite_model, sampler, *args), _env())
+    step = {"recompute": _metrics(two_steps)[0], "sampler": _metrics(sampler)[-1]}
     assert step["recompute"]["logprob_gap_sampler_vs_recomputed"] < 1e-4
     assert "logprob_gap_sampler_vs_recomputed" not in step["sampler"]
     assert step["sampler"]["rollout"] == step["recompute"]["rollout"]  # same rollouts
@@ -298,7 +305,7 @@ def _error_line(cmd, env):
     return errors[0]
 
 
-def test_bad_work_directories_fail_with_one_clear_line(suite_model, tmp_path):
+def test_bad_work_directories_fail_with_one_clear_line(suite_model, two_steps, tmp_path):
     env = _env()
     a_file = tmp_path / "file"
     a_file.write_text("x")
@@ -324,5 +331,5 @@ def test_bad_work_directories_fail_with_one_clear_line(suite_model, tmp_path):
         eos_token_id=cfg["eos_token_id"],
     )
     wd = tmp_path / "shape"
-    _run(_command(other, wd, "--config.train.max_steps=1"), env)
-    assert "has shape" in _error_line(_command(suite_model, wd, "--config.train.max_steps=2"), env)
+    shutil.copytree(two_steps, wd)
+    assert "has shape" in _error_line(_command(other, wd, "--config.train.max_steps=3"), env)
