@@ -5,7 +5,6 @@ import os
 import subprocess
 import sys
 
-import ml_collections
 import pytest
 
 from configs.qwen import get_config as qwen_config
@@ -65,15 +64,9 @@ def test_variant_and_overrides_reach_the_saved_resolved_config(tmp_path):
         saved = json.load(f)
     assert saved["optim"]["lr"] == 3e-6 and saved["model"]["path"] == "/nonexistent"
     assert saved["variant"] == "closed_loop"
-    assert saved == json.loads(json.dumps(closed_loop_config(lr=3e-6).to_dict(), default=str))
-
-
-def closed_loop_config(lr: float) -> ml_collections.ConfigDict:
-    """configs/qwen.py:closed_loop with the test's overrides, resolved in this process."""
-    config = qwen_config("closed_loop")
-    config.optim.lr = lr
-    config.model.path = "/nonexistent"
-    return config
+    expected = qwen_config("closed_loop")
+    expected.optim.lr, expected.model.path = 3e-6, "/nonexistent"
+    assert saved == json.loads(json.dumps(expected.to_dict(), default=str))
 
 
 @pytest.mark.parametrize(

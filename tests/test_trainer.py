@@ -14,6 +14,7 @@ import numpy as np
 import orbax.checkpoint as ocp
 import pytest
 
+from seal_jax.metrics import read_jsonl
 from seal_jax.models import load_hf_checkpoint
 from tests import hf_models
 from tests.devices import REPO
@@ -129,7 +130,7 @@ def two_steps(suite_model, tmp_path_factory):
 
 
 def _metrics(workdir):
-    return [json.loads(line) for line in (workdir / "metrics.jsonl").read_text().splitlines()]
+    return read_jsonl(str(workdir / "metrics.jsonl"))
 
 
 def test_resume_after_sigkill_reproduces_the_uninterrupted_run(suite_model, two_steps, tmp_path):
@@ -192,7 +193,7 @@ def test_bfcl_fresh_process_on_a_copy_reproduces_the_second_step(qwen3_model, tm
     log = _run(cmd(copy, 2), env)
     assert "at step 1" in log.split("resumed from", 1)[1].splitlines()[0]
     _assert_same_state(_checkpoint(straight, 2), _checkpoint(copy, 2))
-    step = json.loads((straight / "metrics.jsonl").read_text().splitlines()[-1])
+    step = _metrics(straight)[-1]
     assert step["rollout"]["tokens_generated"] > 0
     assert set(step["rollout"]["success"]) <= {"base", "miss_func", "miss_param", "long_context"}
 
@@ -257,7 +258,7 @@ def test_eight_devices_sharing_prompts_match_one_without(suite_model, tmp_path):
     _assert_same_state(_checkpoint(one, 1), _checkpoint(eight, 1), exact=False)
     tokens = {}
     for name, workdir in (("one", one), ("eight", eight)):
-        step = json.loads((workdir / "metrics.jsonl").read_text().splitlines()[-1])
+        step = _metrics(workdir)[-1]
         tokens[name] = step["batch_tokens"]
     assert tokens["eight"] < tokens["one"]  # each prompt ran once for its 2 rows
 
