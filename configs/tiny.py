@@ -73,6 +73,10 @@ def get_config(variant: str = "seal") -> ml_collections.ConfigDict:
     c.optim.total_steps = 80
     c.optim.weight_decay = 0.0
     c.rl.kl_coef = 0.0
+    # Engine and trainer both compute in float32 here (recomputed log-probs differ by ~3e-7):
+    # the engine's log-probs skip a forward pass per step and its 8 compiled programs, with
+    # the same scores (benchmarks/README.md).
+    c.rl.old_logprobs = "sampler"
     # ~70% of groups have equal rewards: train only on the others (same direction, faster steps).
     c.rl.drop_constant_groups = True
     # Static components (the released preset's schema cues) would make every training prompt
