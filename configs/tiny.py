@@ -14,12 +14,13 @@ from environments.interface import COMPONENTS
 
 
 def get_config(variant: str = "seal") -> ml_collections.ConfigDict:
-    """Sized for 16-18 minutes on 2 slow CPU cores from an empty compilation cache; RL gains
+    """Sized for 16-19 minutes on 2 slow CPU cores from an empty compilation cache; RL gains
     +14.5 points on seed 0, half a point short of the issue's +15.
 
-    Measured (seed 0, a 2-core machine where the warm start runs at 1.05-1.10 steps/s): `make
-    demo` 16m03s and 17m57s from an empty cache (warm start 8 min, RL 32 steps with two
-    evaluations 7-10 min, about half of it first-use compilation).
+    Measured (seed 0, 2-core machines where the warm start runs at 1.05-1.16 steps/s): `make
+    demo` 16m03s, 17m57s and 18m36s from an empty cache (warm start 7-8 min, RL 32 steps with
+    three evaluations 7-10 min, about half of it first-use compilation; the machine's speed
+    drifts by that much).
     From that warm start RL goes 51.5% -> 59.0% (step 16) -> 66.0% (step 32): it learns to
     answer the too-early first turn of miss_func (16 -> 64) and miss_param (30 -> 48) in plain
     text while base and long_context hold (76 -> 76, 84 -> 76); RL seeds 1 and 2 from the same
