@@ -166,6 +166,8 @@ def base_config() -> ml_collections.ConfigDict:
     c.rollout.top_p = 1.0
     c.rollout.micro_batch_tasks = 0  # tasks per rollout batch (0: the whole step at once)
     c.rollout.prefill_chunk = 512
+    c.rollout.min_batch = 1  # fewest rows per compiled batch (power of two; fewer programs)
+    c.rollout.min_prefill_width = 1  # narrowest prefill piece (power of two; fewer programs)
     c.rollout.enable_thinking = False  # Qwen3 templates: render non-thinking prompts
 
     # The training loop.

@@ -77,6 +77,9 @@ class EngineConfig:
       decode_segment: most tokens decoded per compiled loop; rows that finished their turn are
         dropped from the batch between segments when that halves it.
       min_cache_len: fewest cache slots (rounded up to a bucket, see `RolloutEngine.cache_len`).
+      min_batch: fewest rows per compiled batch (a power of two). Smaller batches are padded up:
+        a few idle rows cost less than compiling programs for batches of 1, 2, 4...
+      min_prefill_width: narrowest prefill piece (a power of two), for the same reason.
       cache_dtype: dtype of cached keys and values (default: the compute dtype).
     """
 
@@ -87,6 +90,8 @@ class EngineConfig:
     prefill_chunk: int = 512
     decode_segment: int = 256
     min_cache_len: int = 256
+    min_batch: int = 1
+    min_prefill_width: int = 1
     cache_dtype: Any = None
 
     def __post_init__(self) -> None:
@@ -95,8 +100,10 @@ class EngineConfig:
                 f"need 0 < max_new_tokens ({self.max_new_tokens}) < context_limit "
                 f"({self.context_limit})"
             )
-        if self.prefill_chunk < 1 or self.prefill_chunk & (self.prefill_chunk - 1):
-            raise ValueError(f"prefill_chunk must be a power of two, got {self.prefill_chunk}")
+        for name in ("prefill_chunk", "min_batch", "min_prefill_width"):
+            value = getattr(self, name)
+            if value < 1 or value & (value - 1):
+                raise ValueError(f"{name} must be a power of two, got {value}")
         if self.decode_segment < 1:
             raise ValueError(f"decode_segment must be >= 1, got {self.decode_segment}")
 
@@ -241,7 +248,8 @@ class RolloutEngine:
 
     def batch_bucket(self, rows: int) -> int:
         """Batch bucket for `rows` rows: a power of two, a multiple of the batch shards."""
-        return -(-_pow2_at_least(rows) // self.batch_shards) * self.batch_shards
+        bucket = _pow2_at_least(rows, self.config.min_batch)
+        return -(-bucket // self.batch_shards) * self.batch_shards
 
     @property
     def segment_len(self) -> int:
@@ -575,7 +583,7 @@ class Rollout:
         logits = eng.put_rows(np.zeros((len(chunks), eng.cfg.vocab_size), np.float32))
         for start in range(0, max(len(c) for c in chunks), piece):
             parts = [c[start : start + piece] for c in chunks]
-            width = min(_pow2_at_least(max(map(len, parts))), piece)
+            width = min(_pow2_at_least(max(map(len, parts)), eng.config.min_prefill_width), piece)
             ids = np.zeros((len(parts), width), np.int32)
             for i, p in enumerate(parts):
                 ids[i, : len(p)] = p

@@ -133,6 +133,8 @@ def _engine(
         stop_ids=chat.stop_ids,
         sampling=sampling,
         prefill_chunk=config.rollout.prefill_chunk,
+        min_batch=config.rollout.min_batch,
+        min_prefill_width=config.rollout.min_prefill_width,
     )
     return rollout.RolloutEngine(None, model.config, mesh, engine_config, model.compute_dtype)
 

@@ -273,6 +273,26 @@ def test_cache_shrinks_when_the_long_row_ends_first(tiny_checkpoints):
         np.testing.assert_allclose(ep.raw_logprobs[1:][on], np.asarray(raw)[on], atol=1e-4)
 
 
+def test_batch_and_width_floors_change_only_the_padding(tiny_checkpoints):
+    """Floors on the batch bucket and the prefill width pad small batches and short pieces
+    (fewer compiled programs): the same rows must come out as from the unfloored engine."""
+    path, torch_model = tiny_checkpoints["qwen2_untied"]
+    vocab = torch_model.config.vocab_size
+    sampling = SamplingParams("sample", temperature=0.8)
+    plain = engine(path, sampling=sampling)
+    floored = engine(path, sampling=sampling, min_batch=8, min_prefill_width=4)
+    (ref, _), (got, _) = multi_turn(plain, vocab), multi_turn(floored, vocab)
+    for a, b in zip(ref.episodes(), got.episodes(), strict=True):
+        assert b.token_ids.tolist() == a.token_ids.tolist()
+        assert b.loss_mask.tolist() == a.loss_mask.tolist()
+        np.testing.assert_allclose(b.logprobs, a.logprobs, atol=1e-5)
+    assert got._parts[0][0]["mask"].shape[0] == 8  # 4 rows in a batch of 8
+    few, many = floored.compile_counts(), plain.compile_counts()
+    assert few["decode"] < many["decode"] and few["prefill"] < many["prefill"]
+    with pytest.raises(ValueError, match="min_batch must be a power of two, got 3"):
+        EngineConfig(context_limit=96, max_new_tokens=10, stop_ids=(0,), min_batch=3)
+
+
 def test_task_prompt_comes_from_a_row_that_started():
     opening = [{"role": "user", "content": "hi"}]
     assert _task_opening([[], opening, []], "t") == opening  # row 0's worker was lost
