@@ -28,12 +28,12 @@ Device side (jit, one compiled program per bucket shape, counted and logged):
     context limit. A row's last sampled token is kept out of the cache ("pending") and prefilled
     with whatever comes next (environment ids, or nothing at a segment boundary), so no forward
     pass is spent on a token whose logits nobody needs.
-  * Finished rows stop costing: batch buckets are powers of two (multiples of the batch-sharded
-    device count). When the rows still decoding fit a smaller bucket, at a segment boundary, they
-    move to a compact cache and the rows done with this turn are parked in another (they keep
-    their history for the next turn); each turn starts from one cache holding only the rows that
-    continue. The G samples of a prompt share one prefill: each prompt is prefilled once and its
-    cache row is copied to its G rows.
+  * Finished rows stop costing: batch buckets are powers of two of at least `min_batch` rows
+    (multiples of the batch-sharded device count). When the rows still decoding fit a smaller
+    bucket, at a segment boundary, they move to a compact cache and the rows done with this turn
+    are parked in another (they keep their history for the next turn); each turn starts from one
+    cache holding only the rows that continue. The G samples of a prompt share one prefill:
+    each prompt is prefilled once and its cache row is copied to its G rows.
   * Sharding: batch rows over the mesh's (data, fsdp) axes, KV heads over `tensor`, parameters as
     loaded (the training layout, so no resharding between rollouts and updates).
 """

@@ -113,7 +113,7 @@ def attention(
 
 # Queries per block on sequences of at most `attn_chunk` tokens: each block reads only the keys
 # up to its last query, so causal attention does less work than full [T, T] scores (CPU figures
-# in benchmarks/README.md). 256 rather than 128: as fast per step at 384-1024 tokens, and each
+# in benchmarks/README.md). 256 rather than 128: about as fast per step at 384-1024 tokens, and each
 # block is another op for XLA, so a training program compiles 1.3-1.8x faster.
 CAUSAL_BLOCK = 256
 
