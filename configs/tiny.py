@@ -14,21 +14,22 @@ from environments.interface import COMPONENTS
 
 
 def get_config(variant: str = "seal") -> ml_collections.ConfigDict:
-    """Sized for about 15 minutes on 2 CPU cores from an empty compilation cache; RL gains
-    +14.0 points on seed 0, one point short of the issue's +15.
+    """Sized for about 15 minutes on 2 CPU cores from an empty compilation cache; RL gains +11.5 to
+    +14.0 points on seed 0 (by machine), short of the issue's +15.
 
-    Measured (seed 0, 2-core machine): `make demo` from an empty cache 15m06s (warm start 6m38s
-    at 1.30 steps/s, first evaluation 46 s, RL 32 steps with two more evaluations 7m39s); the
-    machine's speed drifts by 15-20% between hours. RL goes 54.5% -> 62.5% (step 16) -> 68.5%
-    (step 32): it learns to answer the too-early first turn of miss_func (16 -> 64) and
-    miss_param (36 -> 56) in plain text while base and long_context about hold (74 -> 72,
-    92 -> 82). From the previous warm start (128-query attention blocks) RL seeds 0-2 reached
-    +14.5, +16 and +10. The lr decays to 0 over the run: at a constant lr RL peaked at step 16
-    and then over-abstained (64.5% -> 44.0%). The warm start covers the base and long_context
-    training tasks (part of the training tasks, as the issue asks) for 500 steps, the first 60%
-    on whole transcripts: a 2-layer policy first learns to read the messages it copies values
-    from. Training rollouts run with BFCL's own semantics (`env.train_mode="official"`, as
-    evaluation does). See benchmarks/README.md ("The learning target") for the full record.
+    Measured (seed 0, empty cache) on a 2-core Intel machine: `make demo` 15m06s (warm start 6m38s
+    at 1.30 steps/s, first evaluation 46 s, RL 32 steps with two more evaluations 7m39s); on a
+    2-core AMD EPYC machine 9m56s, 54.5% -> 56.0% -> 66.0% (+11.5): its float rounding gives another
+    warm start. A machine's speed drifts by 15-20% between hours. On Intel RL goes 54.5% -> 62.5%
+    (step 16) -> 68.5% (step 32): it learns to answer the too-early first turn of miss_func (16 ->
+    64) and miss_param (36 -> 56) in plain text while base and long_context about hold (74 -> 72, 92
+    -> 82). From the previous warm start (128-query attention blocks) RL seeds 0-2 reached +14.5,
+    +16 and +10. The lr decays to 0 over the run: at a constant lr RL peaked at step 16 and then
+    over-abstained (64.5% -> 44.0%). The warm start covers the base and long_context training tasks
+    (part of the training tasks, as the issue asks) for 500 steps, the first 60% on whole
+    transcripts: a 2-layer policy first learns to read the messages it copies values from. Training
+    rollouts run with BFCL's own semantics (`env.train_mode="official"`, as evaluation does). See
+    benchmarks/README.md ("The learning target") for the full record.
     """
     c = apply_variant(base_config(), variant)
     c.env.name = "suite"
