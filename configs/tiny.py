@@ -90,11 +90,13 @@ def get_config(variant: str = "seal") -> ml_collections.ConfigDict:
     c.rl.drop_constant_groups = True
     # Static components (the released preset's schema cues) would make every training prompt
     # differ from the evaluation prompt; a scratch policy cannot read the cue text, and
-    # warm-starting it on both views left it at 28% instead of 42%. Adaptive ones stay on.
+    # warm-starting it on both views left it at 28% instead of 42%. The released preset has no
+    # adaptive component, so the default run trains on the plain interface (report.md says so);
+    # `configs/tiny.py:closed_loop` keeps every component adaptive.
     for component in COMPONENTS:
         if c.interface[component] == "static":
             c.interface[component] = "off"
-    # Adaptive units switch on after a few failing turns among the step's 64 episodes.
+    # Adaptive units (closed_loop) switch on after a few failing turns among a step's 64 episodes.
     c.interface.on_count = 4.0
     c.interface.off_count = 1.0
     return c

@@ -63,7 +63,8 @@ def write_report(workdir: str) -> str:
     lines += _summary(records)
     for title, (image, note) in sections:
         lines += [f"## {title}", ""]
-        lines += [f"![{title}]({image})", ""] if image else [f"_{note}_", ""]
+        lines += [f"![{title}]({image})", ""] if image else []
+        lines += [f"_{note}_", ""] if note else []
     path = os.path.join(workdir, REPORT)
     with open(path, "w") as f:
         f.write("\n".join(lines))
@@ -224,7 +225,10 @@ def _plot_interface(records: Sequence[dict], workdir: str) -> tuple[str | None, 
     bottom.step(steps, versions, where="post", color="black")
     bottom.set(xlabel="step", ylabel="version")
     bottom.grid(alpha=0.3)
-    return _save(fig, workdir, INTERFACE_PLOT)
+    image, _ = _save(fig, workdir, INTERFACE_PLOT)
+    if modes and set(modes.values()) == {"off"}:
+        return image, "Every interface component is off in this run: no unit can switch on."
+    return image, ""
 
 
 def _active_counts(interface: dict) -> dict[str, float]:

@@ -77,6 +77,19 @@ def test_report_writes_every_plot_and_the_final_numbers(tmp_path):
     assert "Wall time: 1m56s (training 1m30s, evaluation 0m26s)" in text
     for name in PLOTS:
         assert f"]({name})" in text
+    assert "interface component is off" not in text
+
+
+def test_report_says_when_every_interface_component_is_off(tmp_path):
+    records = [_train(s) for s in (1, 2)]
+    for record in records:
+        record["interface"]["modes"] = {"schema_cues": "off", "error_hints": "off"}
+    _write(tmp_path, records)
+
+    text = Path(report.write_report(str(tmp_path))).read_text()
+
+    assert f"]({report.INTERFACE_PLOT})" in text
+    assert "Every interface component is off in this run" in text
 
 
 def test_report_without_evaluation_says_so(tmp_path):
