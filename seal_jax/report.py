@@ -5,7 +5,8 @@
 * `eval_success.png`: evaluation success per category (and their mean) over steps;
 * `tag_distribution.png`: the share of each turn tag in the training rollouts, stacked;
 * `tag_utilities.png`: the closed-loop tag utilities rho (and cause utilities, dashed);
-* `interface.png`: active units per interface component, and the interface version;
+* `interface.png`: active units per interface component, and the interface version (report.md
+  adds a line when every component is off, so the flat plot is not mistaken for a dead loop);
 * `report.md`: the evaluation before RL against the last one, per category (and the mean with
   BFCL's irrelevance check as well, see EpisodeResult.strict_success), with the plots.
 
@@ -225,10 +226,9 @@ def _plot_interface(records: Sequence[dict], workdir: str) -> tuple[str | None, 
     bottom.step(steps, versions, where="post", color="black")
     bottom.set(xlabel="step", ylabel="version")
     bottom.grid(alpha=0.3)
-    image, _ = _save(fig, workdir, INTERFACE_PLOT)
-    if modes and set(modes.values()) == {"off"}:
-        return image, "Every interface component is off in this run: no unit can switch on."
-    return image, ""
+    all_off = bool(modes) and set(modes.values()) == {"off"}
+    note = "Every interface component is off in this run: no unit can switch on." if all_off else ""
+    return _save(fig, workdir, INTERFACE_PLOT)[0], note
 
 
 def _active_counts(interface: dict) -> dict[str, float]:
