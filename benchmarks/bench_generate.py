@@ -2,7 +2,9 @@
 
 Both run the same random-weight model (built with transformers, loaded into JAX from the saved
 checkpoint), float32, same prompts, exactly --new_tokens new tokens per row (no stop ids), one
-untimed warm-up run each (it includes JAX compilation, reported separately).
+untimed warm-up run each. "jax compile s" is the time JAX spent tracing, lowering and compiling
+during the engine's warm-up run, as JAX itself reports it (`jax.monitoring` events), not the
+difference of two wall times, which contention or a warm compilation cache can make negative.
 
     python benchmarks/bench_generate.py                      # small + qwen2.5-0.5b, batch 1 and 16
     python benchmarks/bench_generate.py --models=small --batches=1,16,64 --new_tokens=128
@@ -14,8 +16,18 @@ import argparse
 import resource
 import tempfile
 import time
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
+
+# jax.monitoring duration events whose sum is the time spent making programs (not nested: a jit
+# traced inside another is not reported on its own).
+COMPILE_EVENTS = (
+    "/jax/core/compile/jaxpr_trace_duration",
+    "/jax/core/compile/jaxpr_to_mlir_module_duration",
+    "/jax/core/compile/backend_compile_duration",  # or loading it from a compilation cache
+)
 
 SHAPES = {
     # A small Qwen2: quick to run, shows per-step overheads.
@@ -72,8 +84,28 @@ def time_torch(model, prompts: np.ndarray, new_tokens: int) -> float:
     return elapsed
 
 
+def compile_seconds(step: Callable[[], Any]) -> float:
+    """Runs step(); returns the seconds JAX spent tracing, lowering and compiling during it."""
+    import jax
+
+    total = 0.0
+
+    def listen(event: str, duration_secs: float, **_: Any) -> None:
+        nonlocal total
+        if event in COMPILE_EVENTS:
+            total += duration_secs
+
+    jax.monitoring.register_event_duration_secs_listener(listen)
+    try:
+        step()
+    finally:
+        jax.monitoring.unregister_event_duration_listener(listen)
+    return total
+
+
 def time_jax(path: str, prompts: np.ndarray, new_tokens: int) -> tuple[float, float]:
-    """(seconds for the engine's greedy generation, seconds of compilation in the first run)."""
+    """(seconds for the engine's greedy generation after a warm-up run, seconds JAX spent
+    compiling during the warm-up run)."""
     from seal_jax.models import load_hf_checkpoint
     from seal_jax.rollout import EngineConfig, RolloutEngine
     from seal_jax.sampler import SamplingParams
@@ -86,14 +118,17 @@ def time_jax(path: str, prompts: np.ndarray, new_tokens: int) -> tuple[float, fl
         sampling=SamplingParams("greedy"),
         min_cache_len=64,
     )
-    engine = RolloutEngine(model.params, model.config, model.mesh, config)
-    times = []
-    for _ in range(2):  # the first run compiles
-        start = time.perf_counter()
-        turns = engine.start(prompts.tolist()).generate()
-        times.append(time.perf_counter() - start)
+    engine = RolloutEngine(model.config, model.mesh, config)
+
+    def generate() -> dict:
+        return engine.start(model.params, prompts.tolist()).generate()
+
+    compile_s = compile_seconds(generate)  # the warm-up run compiles every program
+    start = time.perf_counter()
+    turns = generate()
+    elapsed = time.perf_counter() - start
     assert all(len(t.ids) == new_tokens for t in turns.values())
-    return times[1], times[0] - times[1]
+    return elapsed, compile_s
 
 
 def main() -> None:

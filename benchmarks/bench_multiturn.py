@@ -1,6 +1,6 @@
 """Cost of one more turn as the history grows: cache continuation versus re-prefilling.
 
-For each history length H, a live episode holding H tokens (prompt + a first reply) receives a
+For each history length H, a live row holding H tokens (prompt + a first reply) receives a
 --env_tokens environment message and generates a --reply_tokens reply:
   * continue: `Rollout.generate({row: env_ids})` prefills only the new tokens into the live cache
     ("add msg": the same with a 1-token reply, i.e. the cost of appending the message);
@@ -70,7 +70,7 @@ def main() -> None:
         stop_ids=(),
         sampling=SamplingParams("greedy"),
     )
-    engine = RolloutEngine(params, cfg, mesh, settings)
+    engine = RolloutEngine(cfg, mesh, settings)
     rng = np.random.default_rng(0)
     env = rng.integers(0, cfg.vocab_size, args.env_tokens).tolist()
 
@@ -82,18 +82,18 @@ def main() -> None:
     for history in map(int, args.histories.split(",")):
         prompt = rng.integers(0, cfg.vocab_size, history - args.reply_tokens).tolist()
 
-        def episode(prompt=prompt):  # a live row holding `history` tokens (prompt + a reply)
-            rollout = engine.start([prompt])
+        def conversation(prompt=prompt):  # a live row holding `history` tokens (prompt + reply)
+            rollout = engine.start(params, [prompt])
             rollout.generate()
             return rollout
 
-        episode().generate({0: env})  # compiles the continuation shapes
-        t_add = seconds(episode(), lambda r: r.generate({0: env}, max_new_tokens=1))
-        rollout = episode()
+        conversation().generate({0: env})  # compiles the continuation shapes
+        t_add = seconds(conversation(), lambda r: r.generate({0: env}, max_new_tokens=1))
+        rollout = conversation()
         t_reply = seconds(rollout, lambda r: r.generate({0: env}))
-        full = rollout.episodes()[0].token_ids[: history + args.env_tokens].tolist()
-        engine.start([full]).generate()  # compiles
-        t_reprefill = seconds(engine.start([full]), lambda r: r.generate())
+        full = rollout.sequences()[0].token_ids[: history + args.env_tokens].tolist()
+        engine.start(params, [full]).generate()  # compiles
+        t_reprefill = seconds(engine.start(params, [full]), lambda r: r.generate())
         peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
         print(
             f"{history:>8} {1e3 * t_add:>10.1f} {1e3 * t_reply:>18.1f} "

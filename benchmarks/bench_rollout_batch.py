@@ -23,10 +23,10 @@ import numpy as np
 SAMPLES = 8  # rows per prompt, as GRPO groups
 
 
-def time_turn(engine, prompts: list[list[int]], seed: int) -> float:
-    """Seconds for one first turn of len(prompts) * SAMPLES rows."""
+def time_turn(engine, params, prompts: list[list[int]], seed: int) -> float:
+    """Seconds for one first turn of len(prompts) * SAMPLES rows sampled from params."""
     start = time.perf_counter()
-    engine.start(prompts, num_samples=SAMPLES, seed=seed).generate()
+    engine.start(params, prompts, num_samples=SAMPLES, seed=seed).generate()
     return time.perf_counter() - start
 
 
@@ -61,13 +61,13 @@ def main() -> None:
             sampling=SamplingParams("sample", temperature=1.0),
             min_cache_len=cache,
         )
-        engine = RolloutEngine(model.params, model.config, mesh, config)
+        engine = RolloutEngine(model.config, mesh, config)
         for rows in map(int, args.rows.split(",")):
             prompts = [
                 rng.integers(0, vocab, args.prompt_len).tolist() for _ in range(rows // SAMPLES)
             ]
-            time_turn(engine, prompts, seed=0)
-            seconds = time_turn(engine, prompts, seed=1)
+            time_turn(engine, model.params, prompts, seed=0)
+            seconds = time_turn(engine, model.params, prompts, seed=1)
             per_step = 1000 * seconds / args.new_tokens
             print(f"| {rows} | {cache} | {seconds:.2f} | {per_step:.1f} |", flush=True)
 

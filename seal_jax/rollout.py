@@ -2,19 +2,20 @@
 
 Use:
 
-    engine = RolloutEngine(params, cfg, mesh, EngineConfig(context_limit=16384, max_new_tokens=4096,
-                                                           stop_ids=chat.stop_ids))
-    rollout = engine.start(prompt_ids, num_samples=8, seed=step)   # rows = len(prompts) * 8
+    engine = RolloutEngine(cfg, mesh, EngineConfig(context_limit=16384, max_new_tokens=4096,
+                                                   stop_ids=chat.stop_ids))
+    rollout = engine.start(params, prompt_ids, num_samples=8, seed=step)  # len(prompts) * 8 rows
     turns = rollout.generate()                     # every row samples its first reply
-    while ...:                                     # the episode driver parses `turns`
+    while ...:                                     # the environment driver parses `turns`
         turns = rollout.generate({row: env_ids for the rows that continue})   # others end
-    episodes = rollout.episodes()                  # per row: ids, loss mask, log-probs, reason
+    sequences = rollout.sequences()                # per row: ids, loss mask, log-probs, reason
 
 Row r belongs to prompt r // num_samples. Environment ids are appended as given (render them once
 with `seal_jax.chat.ChatFormat`); the finished sequence of a row is exactly prompt ids + sampled ids
 + environment ids in order, and the loss mask is 1 on the sampled ids only.
 
-Device side (jit, one compiled program per bucket shape, counted and logged):
+Device side: pure functions (`new_cache`, `prefill`, `decode_segment`, `relayout_cache`), jitted
+by the engine with explicit shardings, one compiled program per bucket shape, counted and logged:
   * Cache: the model's KV cache with a per-row write pointer (`init_cache(per_row=True)`), so a
     row's slot equals its token position and rows of any raggedness share one cache of
     `cache_len` slots: the smallest power of two or 1.5x a power of two (capped at the context
@@ -35,14 +36,14 @@ Device side (jit, one compiled program per bucket shape, counted and logged):
     cache holding only the rows that continue. The G samples of a prompt share one prefill:
     each prompt is prefilled once and its cache row is copied to its G rows.
   * Sharding: batch rows over the mesh's (data, fsdp) axes, KV heads over `tensor`, parameters as
-    loaded (the training layout, so no resharding between rollouts and updates).
+    passed to `start` (the training layout, so no resharding between rollouts and updates).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import functools
-from collections.abc import Mapping, Sequence
+from collections.abc import Hashable, Mapping, Sequence
 from typing import Any
 
 import jax
@@ -53,15 +54,14 @@ from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from seal_jax.models.config import QwenConfig
-from seal_jax.models.qwen import CACHE_AXES, Qwen, init_cache
+from seal_jax.models.qwen import CACHE_AXES, Cache, Qwen, init_cache
 from seal_jax.sampler import SamplingParams, sample
 from seal_jax.sharding import BATCH_AXES
 
 STOP = "stop"  # sampled one of the row's stop ids (the stop id is part of the reply)
 MAX_NEW_TOKENS = "max_new_tokens"  # the turn used its token budget
-CONTEXT_LIMIT = (
-    "context_limit"  # the row reached the context limit (or its next input would not fit)
-)
+# The row reached the context limit (or its next input would not fit); the row ends.
+CONTEXT_LIMIT = "context_limit"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -116,31 +116,31 @@ class Turn:
     """
 
     ids: list[int]
-    logprobs: np.ndarray  # float32 [n], under the sampling distribution used
-    raw_logprobs: np.ndarray  # float32 [n], under the untempered model distribution
+    sampling_logprobs: np.ndarray  # float32 [n], under the distribution sampled from
+    policy_logprobs: np.ndarray  # float32 [n], under the untempered policy distribution
     stop_reason: str
 
 
 @dataclasses.dataclass
-class Episode:
-    """The finished token sequence of one row, as training consumes it.
+class TokenSequence:
+    """The token sequence of one row, as training consumes it.
 
     Attributes:
       token_ids: int32 [N] prompt ids, then sampled and environment ids in the order they came.
       loss_mask: bool [N], True exactly on ids the model sampled.
-      logprobs: float32 [N] sampler log-probs on sampled ids (0 elsewhere).
-      raw_logprobs: float32 [N] untempered model log-probs on sampled ids (0 elsewhere).
+      sampling_logprobs: float32 [N] log-probs of the sampled ids under the distribution sampled
+        from (tempered, top-k / top-p filtered; 0 for greedy), 0 on other ids.
+      policy_logprobs: float32 [N] log-probs of the sampled ids under the untempered policy
+        softmax(logits), 0 on other ids.
       prompt_len: number of prompt ids at the start.
-      num_turns: replies generated.
       stop_reason: why the last turn stopped (STOP, MAX_NEW_TOKENS or CONTEXT_LIMIT).
     """
 
     token_ids: np.ndarray
     loss_mask: np.ndarray
-    logprobs: np.ndarray
-    raw_logprobs: np.ndarray
+    sampling_logprobs: np.ndarray
+    policy_logprobs: np.ndarray
     prompt_len: int
-    num_turns: int
     stop_reason: str
 
 
@@ -148,24 +148,151 @@ def _pow2_at_least(n: int, minimum: int = 1) -> int:
     return 1 << max(int(n) - 1, minimum - 1, 0).bit_length()
 
 
+# ---- device programs: pure functions of their arguments, static settings keyword-only ---------
+
+PROGRAMS = ("new_cache", "prefill", "decode", "relayout")
+
+
+def new_cache(batch: int, length: int, *, cfg: QwenConfig, dtype: Any) -> Cache:
+    """An empty KV cache of `batch` rows and `length` slots with a write pointer per row."""
+    return init_cache(cfg, batch, length, dtype, per_row=True)
+
+
+def prefill(
+    params: Any,
+    cache: Cache,
+    logits: jax.Array,
+    ids: jax.Array,
+    lengths: jax.Array,
+    *,
+    cfg: QwenConfig,
+    compute_dtype: Any,
+) -> tuple[Cache, jax.Array]:
+    """Appends right-padded ids [B, T] (lengths [B]) to the cache.
+
+    Returns the cache and the next-token logits [B, V] float32 after each row's last new token
+    (the given `logits` [B, V] where lengths == 0).
+    """
+    model = Qwen(cfg, dtype=compute_dtype)
+    t = ids.shape[1]
+    positions = cache["index"][:, None] + jnp.arange(t)
+    mask = jnp.arange(t) < lengths[:, None]
+    hidden, cache = model.apply({"params": params}, ids, positions, mask, cache)
+    last = jnp.take_along_axis(hidden, jnp.maximum(lengths - 1, 0)[:, None, None], axis=1)
+    w = model.apply({"params": params}, method="output_embedding").astype(compute_dtype)
+    new = jnp.einsum("be,ev->bv", last[:, 0], w, preferred_element_type=jnp.float32)
+    return cache, jnp.where(lengths[:, None] > 0, new, logits)
+
+
+def decode_segment(
+    params: Any,
+    cache: Cache,
+    logits: jax.Array,
+    keys: jax.Array,
+    budget: jax.Array,
+    stop_ids: jax.Array,
+    *,
+    cfg: QwenConfig,
+    compute_dtype: Any,
+    sampling: SamplingParams,
+    segment_len: int,
+) -> tuple[Cache, dict[str, jax.Array]]:
+    """Samples up to min(budget[b], segment_len) tokens per row (0: row idle) until a stop id in
+    stop_ids[b], starting from the next-token logits [B, V]; keys [B] are the rows' PRNG keys.
+
+    Returns the cache (all sampled tokens but each row's last are written) and
+    {"ids", "sampling_logprobs", "policy_logprobs": [B, segment_len], "count": [B]}.
+    """
+    model = Qwen(cfg, dtype=compute_dtype)
+    b, m = logits.shape[0], segment_len
+    out = {
+        "ids": jnp.zeros((b, m), jnp.int32),
+        "sampling_logprobs": jnp.zeros((b, m), jnp.float32),
+        "policy_logprobs": jnp.zeros((b, m), jnp.float32),
+        "count": jnp.zeros((b,), jnp.int32),
+    }
+
+    def pick(state: dict, logits: jax.Array) -> dict:
+        live, step = ~state["done"], state["step"]
+        tok, sampling_lp, policy_lp = sample(logits, keys, state["cache"]["index"], sampling)
+        tok = jnp.where(live, tok, 0)
+        new = {"ids": tok, "sampling_logprobs": sampling_lp, "policy_logprobs": policy_lp}
+        o = {k: state["out"][k].at[:, step].set(jnp.where(live, v, 0)) for k, v in new.items()}
+        o["count"] = state["out"]["count"] + live
+        stopped = jnp.any(tok[:, None] == stop_ids, axis=1) | (o["count"] >= budget)
+        done = state["done"] | (live & stopped)
+        return {**state, "tok": tok, "out": o, "done": done, "step": step + 1}
+
+    def step(state: dict) -> dict:
+        feed = ~state["done"]
+        index = state["cache"]["index"]
+        logits, cache = model.apply(
+            {"params": params},
+            state["tok"][:, None],
+            index[:, None],
+            feed[:, None],
+            state["cache"],
+            method="logits",
+        )
+        return pick({**state, "cache": cache}, logits[:, 0])
+
+    def going(state: dict) -> jax.Array:
+        return (state["step"] < m) & ~jnp.all(state["done"])
+
+    init = {
+        "cache": cache,
+        "tok": jnp.zeros((b,), jnp.int32),
+        "out": out,
+        "done": budget <= 0,
+        "step": jnp.zeros((), jnp.int32),
+    }
+    state = jax.lax.while_loop(going, step, pick(init, logits))
+    return state["cache"], state["out"]
+
+
+def relayout_cache(caches: tuple[Cache, ...], rows: jax.Array, length: int) -> Cache:
+    """One cache made of batch rows `rows` [B'] of the caches laid end to end (repeats
+    allowed), cut or padded to `length` slots."""
+
+    def gather(name: str, axis: int, slot_axis: int | None) -> jax.Array:
+        joined = jnp.concatenate([c[name] for c in caches], axis=axis)
+        x = jnp.take(joined, rows, axis=axis)
+        if slot_axis is None:
+            return x
+        # The cache may shrink when long rows have ended: the kept rows hold nothing past
+        # `length` (it covers their tokens plus this turn's budget).
+        x = jax.lax.slice_in_dim(x, 0, min(length, x.shape[slot_axis]), axis=slot_axis)
+        widths = [(0, 0)] * x.ndim
+        widths[slot_axis] = (0, length - x.shape[slot_axis])
+        return jnp.pad(x, widths)
+
+    return {name: gather(name, *axes) for name, axes in CACHE_AXES.items()}
+
+
+def params_layout(params: Any) -> tuple[Any, tuple[Any, ...]]:
+    """The shardings of params (jax.Arrays) as a hashable key: (treedef, leaf shardings)."""
+    leaves, tree = jax.tree.flatten(params)
+    return tree, tuple(x.sharding for x in leaves)
+
+
 class RolloutEngine:
     """Compiled prefill / decode programs for one model on one mesh, shared by all rollouts.
 
-    `params` is an argument of every compiled call, so the attribute may be replaced between
-    rollouts (new policy weights) without recompiling, as long as shapes and shardings match.
+    The engine holds no parameters: each rollout is started with the params it samples from.
+    Params of the same shapes and shardings (a policy's successive weights) reuse the compiled
+    programs; params laid out differently get programs of their own.
     """
 
     def __init__(
         self,
-        params: Any,
         cfg: QwenConfig,
         mesh: Mesh,
         config: EngineConfig,
         compute_dtype: Any = jnp.float32,
     ) -> None:
-        """Args: parameters (sharded on `mesh`), the architecture, the mesh, the settings, and
-        the dtype of activations and matmuls."""
-        self.params, self.cfg, self.mesh, self.config = params, cfg, mesh, config
+        """Args: the architecture, the mesh, the settings, and the dtype of activations and
+        matmuls."""
+        self.cfg, self.mesh, self.config = cfg, mesh, config
         self.compute_dtype = compute_dtype
         self.cache_dtype = config.cache_dtype or compute_dtype
         self.batch_shards = int(np.prod([mesh.shape[a] for a in BATCH_AXES]))
@@ -178,20 +305,13 @@ class RolloutEngine:
         }
         self._rows_2d = NamedSharding(mesh, P(BATCH_AXES, None))
         self._rows_1d = NamedSharding(mesh, P(BATCH_AXES))
-        cache_out = self._cache_sharding
-        self._fns = {
-            "new_cache": jax.jit(self._new_cache, static_argnums=(0, 1), out_shardings=cache_out),
-            "prefill": jax.jit(
-                self._prefill, donate_argnums=(1, 2), out_shardings=(cache_out, self._rows_2d)
-            ),
-            "decode": jax.jit(self._decode, donate_argnums=(1,), out_shardings=(cache_out, None)),
-            "relayout": jax.jit(self._relayout, static_argnums=(2,), out_shardings=cache_out),
-        }
+        self._programs: dict[tuple[str, Hashable], Any] = {}  # (name, variant) -> jitted program
 
     # ---- host API --------------------------------------------------------------------------
 
     def start(
         self,
+        params: Any,
         prompts: Sequence[Sequence[int]],
         num_samples: int = 1,
         seed: int = 0,
@@ -200,6 +320,8 @@ class RolloutEngine:
         """Opens a rollout of len(prompts) * num_samples rows (row r samples prompt r // G).
 
         Args:
+          params: the policy's parameters (jax.Arrays on the engine's mesh), used by every turn
+            of this rollout.
           prompts: token ids of each prompt (e.g. `ChatFormat.prompt_ids`).
           num_samples: G, rows per prompt; they share the prompt's prefill.
           seed: sampling seed; row r uses fold_in(key(seed), r).
@@ -219,23 +341,35 @@ class RolloutEngine:
             raise ValueError(f"need at least one prompt and num_samples >= 1, got {num_samples}")
         if stop_ids is not None and len(stop_ids) != len(prompts):
             raise ValueError(f"stop_ids has {len(stop_ids)} entries for {len(prompts)} prompts")
-        return Rollout(self, [list(map(int, p)) for p in prompts], num_samples, seed, stop_ids)
+        prompts = [list(map(int, p)) for p in prompts]
+        return Rollout(self, params, prompts, num_samples, seed, stop_ids)
 
     def compile_counts(self) -> dict[str, int]:
-        """How many programs each jitted function has compiled so far (bounded by the buckets)."""
-        return {name: fn._cache_size() for name, fn in self._fns.items()}
+        """How many programs each device program has compiled so far (bounded by the buckets)."""
+        counts = dict.fromkeys(PROGRAMS, 0)
+        for (name, _), fn in self._programs.items():
+            counts[name] += fn._cache_size()
+        return counts
 
-    def call(self, name: str, *args: Any) -> Any:
-        """Runs one jitted function on the mesh and logs when it had to compile a new shape."""
-        fn = self._fns[name]
+    def call(self, name: str, variant: Hashable, *args: Any) -> Any:
+        """Runs device program `name` on the mesh and logs when it had to compile a new shape.
+
+        variant: what fixes the program's input shardings besides the engine's: the params'
+        `params_layout` for "prefill" and "decode" (whose first argument is the params), the
+        number of caches for "relayout", None for "new_cache".
+        """
+        if (name, variant) not in self._programs:
+            self._programs[name, variant] = self._jit(name, variant)
+        fn = self._programs[name, variant]
         before = fn._cache_size()
         with jax.set_mesh(self.mesh):
             out = fn(*args)
         if fn._cache_size() > before:
-            shapes = jax.tree_util.tree_map(
-                lambda x: getattr(x, "shape", x), [a for a in args if a is not self.params]
+            shown = args[1:] if name in ("prefill", "decode") else args  # not the params
+            shapes = jax.tree_util.tree_map(lambda x: getattr(x, "shape", x), list(shown))
+            logging.info(
+                "rollout: compiled %s #%d for %s", name, self.compile_counts()[name], shapes
             )
-            logging.info("rollout: compiled %s #%d for %s", name, fn._cache_size(), shapes)
         return out
 
     def cache_len(self, tokens_needed: int) -> int:
@@ -260,118 +394,38 @@ class RolloutEngine:
         """Places an array whose leading dim is batch rows with the batch sharding."""
         return jax.device_put(x, self._rows_2d if x.ndim == 2 else self._rows_1d)
 
-    # ---- device programs ---------------------------------------------------------------------
-
-    def _model(self) -> Qwen:
-        return Qwen(self.cfg, dtype=self.compute_dtype)
-
-    def _new_cache(self, batch: int, length: int) -> dict[str, jax.Array]:
-        return init_cache(self.cfg, batch, length, self.cache_dtype, per_row=True)
-
-    def _prefill(
-        self,
-        params: Any,
-        cache: dict[str, jax.Array],
-        logits: jax.Array,
-        ids: jax.Array,
-        lengths: jax.Array,
-    ) -> tuple[dict[str, jax.Array], jax.Array]:
-        """Appends right-padded ids [B, T] (lengths [B]) to the cache; returns the cache and the
-        next-token logits [B, V] after each row's last new token (unchanged where lengths == 0)."""
-        model = self._model()
-        t = ids.shape[1]
-        positions = cache["index"][:, None] + jnp.arange(t)
-        mask = jnp.arange(t) < lengths[:, None]
-        hidden, cache = model.apply({"params": params}, ids, positions, mask, cache)
-        last = jnp.take_along_axis(hidden, jnp.maximum(lengths - 1, 0)[:, None, None], axis=1)
-        w = model.apply({"params": params}, method="output_embedding").astype(self.compute_dtype)
-        new = jnp.einsum("be,ev->bv", last[:, 0], w, preferred_element_type=jnp.float32)
-        return cache, jnp.where(lengths[:, None] > 0, new, logits)
-
-    def _decode(
-        self,
-        params: Any,
-        cache: dict[str, jax.Array],
-        logits: jax.Array,
-        keys: jax.Array,
-        budget: jax.Array,
-        stop_ids: jax.Array,
-    ) -> tuple[dict[str, jax.Array], dict[str, jax.Array]]:
-        """Samples up to min(budget[b], M) tokens per row (0: row idle) until a stop id in
-        stop_ids[b]; M = segment_len.
-
-        Returns the cache (all sampled tokens but each row's last are written) and
-        {"ids", "logprobs", "raw_logprobs": [B, M], "count": [B]}.
-        """
-        model, sampling = self._model(), self.config.sampling
-        b, m = logits.shape[0], self.segment_len
-        out = {
-            "ids": jnp.zeros((b, m), jnp.int32),
-            "logprobs": jnp.zeros((b, m), jnp.float32),
-            "raw_logprobs": jnp.zeros((b, m), jnp.float32),
-            "count": jnp.zeros((b,), jnp.int32),
-        }
-
-        def pick(state: dict, logits: jax.Array) -> dict:
-            live, step = ~state["done"], state["step"]
-            tok, lp, raw = sample(logits, keys, state["cache"]["index"], sampling)
-            tok = jnp.where(live, tok, 0)
-            o = state["out"]
-            o = {
-                "ids": o["ids"].at[:, step].set(tok),
-                "logprobs": o["logprobs"].at[:, step].set(jnp.where(live, lp, 0.0)),
-                "raw_logprobs": o["raw_logprobs"].at[:, step].set(jnp.where(live, raw, 0.0)),
-                "count": o["count"] + live,
-            }
-            stopped = jnp.any(tok[:, None] == stop_ids, axis=1) | (o["count"] >= budget)
-            done = state["done"] | (live & stopped)
-            return {**state, "tok": tok, "out": o, "done": done, "step": step + 1}
-
-        def step(state: dict) -> dict:
-            feed = ~state["done"]
-            index = state["cache"]["index"]
-            logits, cache = model.apply(
-                {"params": params},
-                state["tok"][:, None],
-                index[:, None],
-                feed[:, None],
-                state["cache"],
-                method="logits",
+    def _jit(self, name: str, variant: Hashable) -> Any:
+        """Jits device program `name` (see `call` for `variant`) with explicit shardings: caches
+        as `_cache_sharding`, per-row arrays over the batch axes, params as they are laid out."""
+        cache, rows_1d, rows_2d = self._cache_sharding, self._rows_1d, self._rows_2d
+        if name == "new_cache":
+            fn = functools.partial(new_cache, cfg=self.cfg, dtype=self.cache_dtype)
+            return jax.jit(fn, static_argnums=(0, 1), out_shardings=cache)
+        if name == "relayout":
+            # Row indices replicated: a shard's new rows may come from any shard.
+            shardings = ((cache,) * variant, NamedSharding(self.mesh, P()))
+            return jax.jit(
+                relayout_cache, static_argnums=(2,), in_shardings=shardings, out_shardings=cache
             )
-            return pick({**state, "cache": cache}, logits[:, 0])
-
-        def going(state: dict) -> jax.Array:
-            return (state["step"] < m) & ~jnp.all(state["done"])
-
-        init = {
-            "cache": cache,
-            "tok": jnp.zeros((b,), jnp.int32),
-            "out": out,
-            "done": budget <= 0,
-            "step": jnp.zeros((), jnp.int32),
-        }
-        state = jax.lax.while_loop(going, step, pick(init, logits))
-        return state["cache"], state["out"]
-
-    def _relayout(
-        self, caches: tuple[dict[str, jax.Array], ...], rows: jax.Array, length: int
-    ) -> dict[str, jax.Array]:
-        """One cache made of batch rows `rows` [B'] of the caches laid end to end (repeats
-        allowed), padded to `length` slots."""
-
-        def gather(name: str, axis: int, slot_axis: int | None) -> jax.Array:
-            joined = jnp.concatenate([c[name] for c in caches], axis=axis)
-            x = jnp.take(joined, rows, axis=axis)
-            if slot_axis is None:
-                return x
-            # The cache may shrink when long rows have ended: the kept rows hold nothing past
-            # `length` (it covers their tokens plus this turn's budget).
-            x = jax.lax.slice_in_dim(x, 0, min(length, x.shape[slot_axis]), axis=slot_axis)
-            widths = [(0, 0)] * x.ndim
-            widths[slot_axis] = (0, length - x.shape[slot_axis])
-            return jnp.pad(x, widths)
-
-        return {name: gather(name, *axes) for name, axes in CACHE_AXES.items()}
+        params = jax.tree.unflatten(*variant)
+        model = {"cfg": self.cfg, "compute_dtype": self.compute_dtype}
+        if name == "prefill":
+            return jax.jit(
+                functools.partial(prefill, **model),
+                in_shardings=(params, cache, rows_2d, rows_2d, rows_1d),
+                out_shardings=(cache, rows_2d),
+                donate_argnums=(1, 2),
+            )
+        decode = functools.partial(
+            decode_segment, **model, sampling=self.config.sampling, segment_len=self.segment_len
+        )
+        out = {"ids": rows_2d, "sampling_logprobs": rows_2d, "policy_logprobs": rows_2d}
+        return jax.jit(
+            decode,
+            in_shardings=(params, cache, rows_2d, rows_1d, rows_1d, rows_2d),
+            out_shardings=(cache, {**out, "count": rows_1d}),
+            donate_argnums=(1,),
+        )
 
 
 @dataclasses.dataclass
@@ -380,26 +434,29 @@ class _Row:
 
     tokens: list[int]
     sampled: list[bool]
-    logprobs: list[float]
-    raw_logprobs: list[float]
+    sampling_logprobs: list[float]
+    policy_logprobs: list[float]
     prompt_len: int
     stop_ids: list[int]
     cached: int = 0  # tokens[:cached] are in the KV cache
-    num_turns: int = 0
     stop_reason: str = ""
     finished: bool = False
 
-    def append(self, ids: Sequence[int], sampled: bool, lp: Any = None, raw: Any = None) -> None:
+    def append(
+        self, ids: Sequence[int], sampled: bool, sampling_lp: Any = None, policy_lp: Any = None
+    ) -> None:
+        zeros = [0.0] * len(ids)
         self.tokens += list(map(int, ids))
         self.sampled += [sampled] * len(ids)
-        self.logprobs += [0.0] * len(ids) if lp is None else list(map(float, lp))
-        self.raw_logprobs += [0.0] * len(ids) if raw is None else list(map(float, raw))
+        self.sampling_logprobs += zeros if sampling_lp is None else list(map(float, sampling_lp))
+        self.policy_logprobs += zeros if policy_lp is None else list(map(float, policy_lp))
 
 
 class Rollout:
-    """A batch of live episodes on one engine; see the module docstring for the loop.
+    """A batch of live rows on one engine; see the module docstring for the loop.
 
     Attributes:
+      params: the parameters every turn samples from (given to `RolloutEngine.start`).
       prompts: the prompt ids; row r samples prompts[r // num_samples].
       num_samples: G, rows per prompt.
       num_rows: len(prompts) * num_samples.
@@ -408,13 +465,16 @@ class Rollout:
     def __init__(
         self,
         engine: RolloutEngine,
+        params: Any,
         prompts: list[list[int]],
         num_samples: int,
         seed: int,
         stop_ids: Sequence[Sequence[int]] | None,
     ) -> None:
         """Built by `RolloutEngine.start`."""
-        self.engine, self.prompts, self.num_samples = engine, prompts, num_samples
+        self.engine, self.params, self.prompts = engine, params, prompts
+        self.num_samples = num_samples
+        self._layout = params_layout(params)
         self.num_rows = len(prompts) * num_samples
         self._rows = []
         for r in range(self.num_rows):
@@ -444,8 +504,8 @@ class Rollout:
         Args:
           env_ids: None on the first call (every row replies to its prompt). Later, for each row
             that continues, the environment ids to append before its next reply (may be empty);
-            every live row not listed ends its episode. A row whose ids would leave no room for
-            a reply ends with CONTEXT_LIMIT and its ids are not appended.
+            every live row not listed ends (its sequence is final). A row whose ids would leave
+            no room for a reply ends with CONTEXT_LIMIT and its ids are not appended.
           max_new_tokens: this turn's budget, for all rows or per row (<= config.max_new_tokens).
 
         Returns:
@@ -482,27 +542,30 @@ class Rollout:
             active = [r for r in active if self._rows[r].stop_reason == ""]
         for r in going:
             row, n = self._rows[r], start[r]
-            lp, raw = (np.asarray(x[n:], np.float32) for x in (row.logprobs, row.raw_logprobs))
-            turns[r] = Turn(row.tokens[n:], lp, raw, row.stop_reason)
+            turns[r] = Turn(
+                row.tokens[n:],
+                np.asarray(row.sampling_logprobs[n:], np.float32),
+                np.asarray(row.policy_logprobs[n:], np.float32),
+                row.stop_reason,
+            )
         return turns
 
-    def episodes(self) -> list[Episode]:
+    def sequences(self) -> list[TokenSequence]:
         """The token sequences of all rows (call when the driver is done; live rows included)."""
         return [
-            Episode(
+            TokenSequence(
                 token_ids=np.asarray(row.tokens, np.int32),
                 loss_mask=np.asarray(row.sampled, bool),
-                logprobs=np.asarray(row.logprobs, np.float32),
-                raw_logprobs=np.asarray(row.raw_logprobs, np.float32),
+                sampling_logprobs=np.asarray(row.sampling_logprobs, np.float32),
+                policy_logprobs=np.asarray(row.policy_logprobs, np.float32),
                 prompt_len=row.prompt_len,
-                num_turns=row.num_turns,
                 stop_reason=row.stop_reason,
             )
             for row in self._rows
         ]
 
     def live_rows(self) -> list[int]:
-        """Rows whose episode can still continue."""
+        """Rows that can still take another turn."""
         return [r for r, row in enumerate(self._rows) if not row.finished]
 
     # ---- steps of a turn ---------------------------------------------------------------------
@@ -543,7 +606,7 @@ class Rollout:
         """
         eng, g = self.engine, self.num_samples
         batch = eng.batch_bucket(len(self.prompts))
-        cache = eng.call("new_cache", batch, length)
+        cache = eng.call("new_cache", None, batch, length)
         chunks = [p[:-1] for p in self.prompts] + [[]] * (batch - len(self.prompts))
         cache, _ = self._run_prefill(cache, chunks)
         slots = [p * g for p in range(len(self.prompts))]
@@ -570,7 +633,8 @@ class Rollout:
             # its G siblings copy that row. Empty slots copy any row; they stay idle.
             owner = [where[r] if r in where else where[r - r % self.num_samples] for r in rows]
             owner += [0] * (batch - len(rows))
-            cache = eng.call("relayout", caches, jnp.asarray(owner, jnp.int32), length)
+            rows_at = jnp.asarray(owner, jnp.int32)
+            cache = eng.call("relayout", len(caches), caches, rows_at, length)
             new_parts.append((cache, rows + [-1] * (batch - len(rows))))
         self._parts = new_parts
 
@@ -588,8 +652,9 @@ class Rollout:
             for i, p in enumerate(parts):
                 ids[i, : len(p)] = p
             lengths = np.asarray([len(p) for p in parts], np.int32)
+            ids, lengths = eng.put_rows(ids), eng.put_rows(lengths)
             cache, logits = eng.call(
-                "prefill", eng.params, cache, logits, eng.put_rows(ids), eng.put_rows(lengths)
+                "prefill", self._layout, self.params, cache, logits, ids, lengths
             )
         return cache, logits
 
@@ -612,31 +677,28 @@ class Rollout:
                 stop[i, : len(row.stop_ids)] = row.stop_ids
                 budget[i] = end[r] - len(row.tokens)
         keys = eng.put_rows(self._row_keys[np.maximum(np.asarray(slots), 0)])
+        budget, stop = eng.put_rows(budget), eng.put_rows(stop)
         cache, out = eng.call(
-            "decode", eng.params, cache, logits, keys, eng.put_rows(budget), eng.put_rows(stop)
+            "decode", self._layout, self.params, cache, logits, keys, budget, stop
         )
         self._parts[0] = (cache, slots)
         out = jax.device_get(out)
         for i, (r, row) in enumerate(zip(slots, rows)):
             if row:
                 n = int(out["count"][i])
-                row.append(
-                    out["ids"][i, :n], True, out["logprobs"][i, :n], out["raw_logprobs"][i, :n]
-                )
+                lps = (out[k][i, :n] for k in ("sampling_logprobs", "policy_logprobs"))
+                row.append(out["ids"][i, :n], True, *lps)
                 row.cached = len(row.tokens) - 1  # the last sampled token is pending
                 row.stop_reason = self._end_turn_if_done(row, end[r])
 
     def _end_turn_if_done(self, row: _Row, end: int) -> str:
-        """Why the row's turn ended (counting the turn; the context limit also ends the
-        episode), or "" while the turn goes on."""
+        """Why the row's turn ended (the context limit also ends the row), or "" while the turn
+        goes on."""
         if row.tokens[-1] in row.stop_ids:
-            reason = STOP
-        elif len(row.tokens) < end:
+            return STOP
+        if len(row.tokens) < end:
             return ""
-        elif len(row.tokens) >= self.engine.config.context_limit:
-            reason = CONTEXT_LIMIT
+        if len(row.tokens) >= self.engine.config.context_limit:
             row.finished = True
-        else:
-            reason = MAX_NEW_TOKENS
-        row.num_turns += 1
-        return reason
+            return CONTEXT_LIMIT
+        return MAX_NEW_TOKENS

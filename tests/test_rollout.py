@@ -35,7 +35,7 @@ def engine(path, sampling=GREEDY, **overrides):
         min_cache_len=16,
     )
     settings.update(overrides)
-    return RolloutEngine(model.params, model.config, model.mesh, EngineConfig(**settings))
+    return RolloutEngine(model.config, model.mesh, EngineConfig(**settings)), model.params
 
 
 def hf_greedy(torch_model, prompt, n):
@@ -58,9 +58,9 @@ def test_greedy_matches_transformers_generate(tiny_checkpoints, variant):
     # A stop id taken from the middle of row 0's reference: row 0 must stop right there.
     stop = references[0][4]
     first_stop = references[0].index(stop)
-    eng = engine(path, stop_ids=(stop,))
+    eng, params = engine(path, stop_ids=(stop,))
     # Two samples per prompt share one prefill; greedy makes them identical to the reference.
-    turns = eng.start(ps, num_samples=2).generate()
+    turns = eng.start(params, ps, num_samples=2).generate()
     for r, turn in turns.items():
         ref = references[r // 2]
         cut = ref.index(stop) + 1 if stop in ref else len(ref)
@@ -68,15 +68,21 @@ def test_greedy_matches_transformers_generate(tiny_checkpoints, variant):
         assert turn.stop_reason == (STOP if stop in ref else MAX_NEW_TOKENS)
     assert turns[0].stop_reason == STOP and len(turns[0].ids) == first_stop + 1
     counts = eng.compile_counts()
-    eng.start(prompts(torch_model.config.vocab_size, seed=1), num_samples=2).generate()
+    eng.start(params, prompts(torch_model.config.vocab_size, seed=1), num_samples=2).generate()
     assert eng.compile_counts() == counts  # same buckets: nothing recompiled
+    # The engine holds no weights: a rollout samples from the params it was started with, and
+    # new weights of the same layout reuse the compiled programs.
+    negated = jax.tree.map(lambda x: -x, params)
+    other = eng.start(negated, ps, num_samples=2).generate()
+    assert eng.compile_counts() == counts
+    assert [t.ids for t in other.values()] != [t.ids for t in turns.values()]
 
 
-def multi_turn(eng, vocab, seed=0):
+def multi_turn(eng, params, vocab, seed=0):
     """Three turns; row 1 ends after the first, env messages of different lengths; rows 0 and 2
     have short first replies, so rows 1 and 3 finish that turn in a compacted cache."""
     rng = np.random.default_rng(seed)
-    rollout = eng.start(prompts(vocab, (6, 13)), num_samples=2, seed=seed)
+    rollout = eng.start(params, prompts(vocab, (6, 13)), num_samples=2, seed=seed)
     log = {r: [] for r in range(4)}
     for turn in range(3):
         if turn == 0:
@@ -95,40 +101,40 @@ def multi_turn(eng, vocab, seed=0):
 def test_logprobs_match_teacher_forced_forward_pass(tiny_checkpoints):
     path, torch_model = tiny_checkpoints["qwen2_untied"]
     sampling = SamplingParams("sample", temperature=0.8, top_k=40, top_p=0.9)
-    eng = engine(path, sampling=sampling)
+    eng, params = engine(path, sampling=sampling)
     vocab = torch_model.config.vocab_size
-    rollout, log = multi_turn(eng, vocab)
-    episodes = rollout.episodes()
+    rollout, log = multi_turn(eng, params, vocab)
+    sequences = rollout.sequences()
     # Teacher forcing: one batched forward pass over the final sequences (right-padded).
-    width = max(len(ep.token_ids) for ep in episodes)
-    ids = np.zeros((len(episodes), width), np.int32)
-    for r, ep in enumerate(episodes):
-        ids[r, : len(ep.token_ids)] = ep.token_ids
+    width = max(len(seq.token_ids) for seq in sequences)
+    ids = np.zeros((len(sequences), width), np.int32)
+    for r, seq in enumerate(sequences):
+        ids[r, : len(seq.token_ids)] = seq.token_ids
     model = load_hf_checkpoint(path)
     positions = np.broadcast_to(np.arange(width), ids.shape)
-    real = positions < np.asarray([[len(ep.token_ids)] for ep in episodes])
+    real = positions < np.asarray([[len(seq.token_ids)] for seq in sequences])
     logits, _ = forward_logits(model.params, model.config, ids, positions, real)
-    for r, ep in enumerate(episodes):
+    for r, seq in enumerate(sequences):
         # Token-in / token-out: prompt, then exactly the sampled and environment ids in order.
         expected = list(rollout.prompts[r // 2])
         mask = [False] * len(expected)
         for kind, turn_ids in log[r]:
             expected += turn_ids
             mask += [kind == "model"] * len(turn_ids)
-        assert ep.token_ids.tolist() == expected and ep.loss_mask.tolist() == mask
-        assert ep.num_turns == sum(kind == "model" for kind, _ in log[r])
-        n = len(ep.token_ids)
+        assert seq.token_ids.tolist() == expected and seq.loss_mask.tolist() == mask
+        n = len(seq.token_ids)
         row_logits = logits[r, : n - 1]  # row_logits[t] predicts token t + 1
-        target = ep.token_ids[1:]
-        raw = jax.nn.log_softmax(row_logits)[np.arange(n - 1), target]
+        target = seq.token_ids[1:]
+        policy = jax.nn.log_softmax(row_logits)[np.arange(n - 1), target]
         used = jax.nn.log_softmax(filtered_logits(row_logits, sampling))[np.arange(n - 1), target]
-        on = ep.loss_mask[1:]
+        on = seq.loss_mask[1:]
         assert on.sum() >= 10
-        np.testing.assert_allclose(ep.raw_logprobs[1:][on], np.asarray(raw)[on], atol=1e-4)
-        np.testing.assert_allclose(ep.logprobs[1:][on], np.asarray(used)[on], atol=1e-4)
-        assert np.all(ep.logprobs[~ep.loss_mask] == 0)
+        np.testing.assert_allclose(seq.policy_logprobs[1:][on], np.asarray(policy)[on], atol=1e-4)
+        np.testing.assert_allclose(seq.sampling_logprobs[1:][on], np.asarray(used)[on], atol=1e-4)
+        assert np.all(seq.sampling_logprobs[~seq.loss_mask] == 0)
+        assert np.all(seq.policy_logprobs[~seq.loss_mask] == 0)
     # Samples of one prompt differ: each row has its own key.
-    assert episodes[0].token_ids.tolist() != episodes[1].token_ids.tolist()
+    assert sequences[0].token_ids.tolist() != sequences[1].token_ids.tolist()
 
 
 @pytest.mark.parametrize("per_row", [True, False])
@@ -168,12 +174,12 @@ def test_three_turn_cache_continuation_equals_one_forward_pass(tiny_checkpoints,
 def test_context_limit_stops_rows_with_a_reason(tiny_checkpoints):
     path, torch_model = tiny_checkpoints["qwen2_untied"]
     vocab = torch_model.config.vocab_size
-    eng = engine(path, context_limit=20, max_new_tokens=8)
+    eng, params = engine(path, context_limit=20, max_new_tokens=8)
     with pytest.raises(ValueError, match="prompt 0 has 20 tokens"):
-        eng.start([[1] * 20])
+        eng.start(params, [[1] * 20])
     with pytest.raises(ValueError, match="env_ids=None on the first"):
-        eng.start([[1]]).generate({0: [2]})
-    rollout = eng.start(prompts(vocab, (14, 4)))
+        eng.start(params, [[1]]).generate({0: [2]})
+    rollout = eng.start(params, prompts(vocab, (14, 4)))
     turns = rollout.generate()
     assert turns[0].stop_reason == CONTEXT_LIMIT and len(turns[0].ids) == 6
     assert turns[1].stop_reason == MAX_NEW_TOKENS and len(turns[1].ids) == 8
@@ -182,9 +188,9 @@ def test_context_limit_stops_rows_with_a_reason(tiny_checkpoints):
         rollout.generate({0: [1]})
     turns = rollout.generate({1: [5] * 8})  # 12 + 8 tokens leave no room for a reply
     assert turns[1].stop_reason == CONTEXT_LIMIT and turns[1].ids == []
-    eps = rollout.episodes()
-    assert [len(e.token_ids) for e in eps] == [20, 12]
-    assert [e.stop_reason for e in eps] == [CONTEXT_LIMIT, CONTEXT_LIMIT]
+    seqs = rollout.sequences()
+    assert [len(s.token_ids) for s in seqs] == [20, 12]
+    assert [s.stop_reason for s in seqs] == [CONTEXT_LIMIT, CONTEXT_LIMIT]
     assert rollout.live_rows() == []
 
 
@@ -202,14 +208,15 @@ def run(mesh):
     cfg = EngineConfig(context_limit=64, max_new_tokens=6, stop_ids=(-1,),
                        sampling=SamplingParams("greedy"), prefill_chunk=8, decode_segment=4,
                        min_cache_len=16)
-    eng = RolloutEngine(model.params, model.config, mesh, cfg)
-    rollout = eng.start([[3, 1, 4, 1, 5], [9, 2, 6], [5, 3, 5, 8, 9, 7, 9]], num_samples=3)
+    eng = RolloutEngine(model.config, mesh, cfg)
+    prompts = [[3, 1, 4, 1, 5], [9, 2, 6], [5, 3, 5, 8, 9, 7, 9]]
+    rollout = eng.start(model.params, prompts, num_samples=3)
     rollout.generate(max_new_tokens={r: 2 for r in range(0, 9, 2)})  # 4 rows go on: compaction
     rollout.generate({r: [7] * (r + 1) for r in range(0, 9, 2)})
     rollout.generate({r: [8, 8] for r in range(0, 9, 4)})
     k = rollout._parts[0][0]["k"]  # the live cache after the last turn
     layout = [list(a) if isinstance(a, tuple) else a for a in k.sharding.spec]
-    return [e.token_ids.tolist() for e in rollout.episodes()], (layout, len(k.devices()))
+    return [s.token_ids.tolist() for s in rollout.sequences()], (layout, len(k.devices()))
 one, _ = run(single_device_mesh())
 eight, spec = run(make_mesh(data=4, fsdp=1, tensor=2))
 print(json.dumps({"same": one == eight, "spec": spec, "rows": one}))
@@ -234,9 +241,9 @@ def test_cache_shrinks_when_the_long_row_ends_first(tiny_checkpoints):
     vocab = torch_model.config.vocab_size
     sampling = SamplingParams("sample", temperature=0.8)
     # Stop id out of reach: every turn runs its full budget, so the cache sizes are fixed.
-    eng = engine(path, sampling=sampling, stop_ids=(vocab,), context_limit=128)
+    eng, params = engine(path, sampling=sampling, stop_ids=(vocab,), context_limit=128)
     rng = np.random.default_rng(7)
-    rollout = eng.start(prompts(vocab, (40, 3)), num_samples=1, seed=3)
+    rollout = eng.start(params, prompts(vocab, (40, 3)), num_samples=1, seed=3)
     log = {0: [], 1: []}
     for r, t in rollout.generate(max_new_tokens=6).items():  # 40 + 6 tokens: 48 slots (3 x 16)
         log[r].append(("model", t.ids))
@@ -255,22 +262,22 @@ def test_cache_shrinks_when_the_long_row_ends_first(tiny_checkpoints):
     log[1].append(("model", rollout.generate({1: env}, max_new_tokens=5)[1].ids))
     assert rollout.live_rows() == [1]
     model = load_hf_checkpoint(path)
-    for r, ep in enumerate(rollout.episodes()):
+    for r, seq in enumerate(rollout.sequences()):
         expected, mask = list(rollout.prompts[r]), [False] * len(rollout.prompts[r])
         for kind, ids in log[r]:
             expected += ids
             mask += [kind == "model"] * len(ids)
-        assert ep.token_ids.tolist() == expected and ep.loss_mask.tolist() == mask
+        assert seq.token_ids.tolist() == expected and seq.loss_mask.tolist() == mask
         n = len(expected)
         ids = np.asarray([expected], np.int32)
         positions = np.arange(n)[None]
         logits, _ = forward_logits(
             model.params, model.config, ids, positions, np.ones_like(ids, bool)
         )
-        raw = jax.nn.log_softmax(logits[0, : n - 1])[np.arange(n - 1), ids[0, 1:]]
-        on = ep.loss_mask[1:]
+        policy = jax.nn.log_softmax(logits[0, : n - 1])[np.arange(n - 1), ids[0, 1:]]
+        on = seq.loss_mask[1:]
         assert on.sum() == (6 if r == 0 else 17)
-        np.testing.assert_allclose(ep.raw_logprobs[1:][on], np.asarray(raw)[on], atol=1e-4)
+        np.testing.assert_allclose(seq.policy_logprobs[1:][on], np.asarray(policy)[on], atol=1e-4)
 
 
 def test_batch_and_width_floors_change_only_the_padding(tiny_checkpoints):
@@ -279,13 +286,13 @@ def test_batch_and_width_floors_change_only_the_padding(tiny_checkpoints):
     path, torch_model = tiny_checkpoints["qwen2_untied"]
     vocab = torch_model.config.vocab_size
     sampling = SamplingParams("sample", temperature=0.8)
-    plain = engine(path, sampling=sampling)
-    floored = engine(path, sampling=sampling, min_batch=8, min_prefill_width=4)
-    (ref, _), (got, _) = multi_turn(plain, vocab), multi_turn(floored, vocab)
-    for a, b in zip(ref.episodes(), got.episodes(), strict=True):
+    plain, params = engine(path, sampling=sampling)
+    floored, _ = engine(path, sampling=sampling, min_batch=8, min_prefill_width=4)
+    (ref, _), (got, _) = multi_turn(plain, params, vocab), multi_turn(floored, params, vocab)
+    for a, b in zip(ref.sequences(), got.sequences(), strict=True):
         assert b.token_ids.tolist() == a.token_ids.tolist()
         assert b.loss_mask.tolist() == a.loss_mask.tolist()
-        np.testing.assert_allclose(b.logprobs, a.logprobs, atol=1e-5)
+        np.testing.assert_allclose(b.sampling_logprobs, a.sampling_logprobs, atol=1e-5)
     assert got._parts[0][0]["mask"].shape[0] == 8  # 4 rows in a batch of 8
     few, many = floored.compile_counts(), plain.compile_counts()
     assert few["decode"] < many["decode"] and few["prefill"] < many["prefill"]
