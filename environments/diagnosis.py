@@ -1,6 +1,6 @@
 """Turn-level diagnosis: one failure tag per ground-truth user turn plus its fine causes.
 
-Tags follow SEAL_METHOD.md section 2 (first matching rule wins). Two project choices: a turn
+Tags follow docs/method.md section 2 (first matching rule wins). Two project choices: a turn
 gets `instance_mismatch` only when it fails the official check (so `pass` always means the
 official checker accepts the turn), and `checker_error` is tested before the comparisons
 that need the checker. Causes are observations about the turn, not alternatives to the tag.
@@ -21,6 +21,9 @@ TAGS = (
 )
 CAUSES = ("invalid_tool_call", "argument_mismatch", "recovery_failure", "missing_tool_call")
 GOOD_TAGS = frozenset({"pass", "correct_abstention"})
+# Tags that blame the ground truth or the checker, not the policy: they get no utility of their
+# own (rho stays 1), count in no prevalence, and never choose a guideline.
+EXCLUDED_TAGS = ("gt_error", "checker_error")
 
 
 @dataclass

@@ -1,4 +1,4 @@
-"""The learning interface Omega_t: what the agent is shown during training (SEAL_METHOD.md s. 4).
+"""The learning interface Omega_t: what the agent is shown during training (docs/method.md s. 4).
 
 `observation = base observation (+) schema/affordance cues (+) error hints (+) guidelines`.
 Four switches in `config.interface` (one per component; schema and affordance cues together
@@ -27,8 +27,8 @@ episodes and the aggregated tag statistics C_t:
     guidelines: tags with a guideline text, count >= guideline_min_count, prevalence
            (count / non-excluded tag count, pass included) >= guideline_min_prevalence and mean
            episode reward < guideline_max_reward; the top guideline_top_k by
-           prevalence * (1 - mean reward), ties by name. C_t is `TagStatistics.summary()` (the
-           weighting's epoch window), so both sides of SEAL read the same failure profile.
+           prevalence * (1 - mean reward), ties by name. C_t is the failure profile's tag summary
+           (`environments.profile`, its epoch window), which the weighting reads too.
     version += 1 whenever an active set changes.
 
 Defaults (configs/base.py): decay 0.5, on_count 3, off_count 1, so a failure seen in 3 turns
@@ -36,11 +36,12 @@ of one step (or steadily in more than 1.5 turns per step) switches its unit on, 
 just reached e = 3 switches off after 2 quiet steps, and one at e stays on for about
 log2(e) quiet steps; guideline thresholds 8 / 0.10 / 0.6 / top 3 as in the paper.
 
-Presets (`with_preset`): "released" (the authors' setting: static schema cues on every tool,
-required and enum markers and the instruction line, nothing else), "closed_loop" (every
-component adaptive) and "plain" (nothing). Evaluation renders the plain interface whatever the
-state (`LearningInterface.renderer(evaluation=True)`). The state is plain JSON-able data
-(`to_dict` / `from_dict`) and sent to the pool's workers inside a picklable `InterfaceRenderer`.
+Presets (`configs.base.INTERFACE_PRESETS`): "released" (the authors' setting: static schema
+cues on every tool, required and enum markers and the instruction line, nothing else),
+"closed_loop" (every component adaptive) and "plain" (nothing). Evaluation renders the plain
+interface whatever the state (`LearningInterface.renderer(evaluation=True)`). The state is plain
+JSON-able data (`to_dict` / `from_dict`) and sent to the pool's workers inside a picklable
+`InterfaceRenderer`.
 """
 
 from __future__ import annotations
@@ -51,27 +52,16 @@ from collections import Counter
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from environments.diagnosis import EXCLUDED_TAGS
 from environments.episode import EpisodeResult
 from environments.executor import CallOutcome
+from environments.profile import FailureProfile
 from environments.rendering import Message, Renderer
 from environments.toolcall import to_json_schema
-from environments.weighting import TagStatistics
 
 COMPONENTS = ("schema_cues", "affordance_cues", "error_hints", "guidelines")
 EVIDENCE_COMPONENTS = COMPONENTS[:3]  # guidelines are chosen from C_t directly
 MODES = ("off", "static", "adaptive")
-PRESETS: dict[str, dict[str, Any]] = {
-    "plain": {c: "off" for c in COMPONENTS} | {"schema_types": False},
-    "released": {
-        "schema_cues": "static",
-        "affordance_cues": "off",
-        "error_hints": "off",
-        "guidelines": "off",
-        "schema_types": False,
-    },
-    "closed_loop": {c: "adaptive" for c in COMPONENTS} | {"schema_types": False},
-}
-
 INSTRUCTION = (
     "Parameters marked [required] must always be given; no tool exists beyond those listed "
     "in <tools></tools>."
@@ -288,23 +278,6 @@ def _name(value: Any) -> str:
     return value
 
 
-def with_preset(config: Any, name: str) -> Any:
-    """Returns a copy of an interface config section with preset `name`'s switches set.
-
-    Args:
-      config: `config.interface` (an ml_collections.ConfigDict or any attribute container).
-      name: "plain", "released" or "closed_loop".
-    Raises:
-      ValueError: unknown preset name.
-    """
-    if name not in PRESETS:
-        raise ValueError(f"unknown interface preset {name!r}; use one of {sorted(PRESETS)}")
-    config = copy.deepcopy(config)
-    for key, value in PRESETS[name].items():
-        setattr(config, key, value)
-    return config
-
-
 def step_evidence(episodes: Sequence[EpisodeResult]) -> dict[str, Counter]:
     """Returns n(u) per evidence component: the step's turns showing each unit's failure."""
     counts = {c: Counter() for c in EVIDENCE_COMPONENTS}
@@ -336,7 +309,7 @@ def select_guidelines(
     """Returns the tags whose guideline is shown, best first (see the module docstring).
 
     Args:
-      summary: tag -> (count, mean episode reward), as `TagStatistics.summary()` returns.
+      summary: tag -> (count, mean episode reward), as `FailureProfile.tags.summary()` returns.
     """
     total = sum(count for tag, (count, _) in summary.items() if tag not in excluded_tags)
     ranked = []
@@ -353,7 +326,7 @@ class LearningInterface:
     """Omega_t, configured by `config.interface`, checkpointable.
 
     Per training step: `renderer()` goes to `EnvPool.reset`; after the step's episodes were
-    added to the tag statistics, `update(episodes, tag_stats)`; `log_record()` for the run log.
+    added to the failure profile, `update(episodes, profile)`; `log_record()` for the run log.
     """
 
     def __init__(self, config: Any) -> None:
@@ -375,7 +348,7 @@ class LearningInterface:
             min_prevalence=float(config.guideline_min_prevalence),
             max_reward=float(config.guideline_max_reward),
             top_k=int(config.guideline_top_k),
-            excluded_tags=tuple(config.excluded_tags),
+            excluded_tags=EXCLUDED_TAGS,
         )
         self.state = InterfaceState()
 
@@ -386,12 +359,12 @@ class LearningInterface:
         active = {c: tuple(units) for c, units in self.state.active.items()}
         return InterfaceRenderer(dict(self.modes), active, self.schema_types)
 
-    def update(self, episodes: Sequence[EpisodeResult], tag_stats: TagStatistics) -> None:
+    def update(self, episodes: Sequence[EpisodeResult], profile: FailureProfile) -> None:
         """Applies one closed-loop step (module docstring) from a training step's diagnoses.
 
         Args:
           episodes: the step's episode verdicts (turn causes, error kinds, tool attribution).
-          tag_stats: the aggregated tag statistics C_t, already holding this step's episodes.
+          profile: the failure profile C_t, already holding this step's episodes.
         """
         state = self.state
         previous = copy.deepcopy(state.active)
@@ -400,7 +373,7 @@ class LearningInterface:
                 self._accumulate(component, counts)
         if self.modes["guidelines"] == "adaptive":
             state.active["guidelines"] = select_guidelines(
-                tag_stats.summary(), **self.guideline_rule
+                profile.tags.summary(), **self.guideline_rule
             )
         state.step += 1
         if state.active != previous:

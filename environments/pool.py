@@ -20,7 +20,6 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from environments.diagnosis import CAUSES, TAGS
 from environments.episode import Episode, EpisodeConfig, EpisodeResult
 from environments.rendering import Message, Renderer
 from environments.task import ToolTask
@@ -42,28 +41,6 @@ class PoolConfig:
     num_workers: int = 4
     episode: EpisodeConfig = field(default_factory=EpisodeConfig)
     request_timeout_s: float = 120.0
-
-
-@dataclass
-class BatchResults:
-    """Verdicts of a batch, as arrays (T = the most user turns of any task in the batch).
-
-    Attributes:
-      rewards: float32 [B], 1.0 for success.
-      tag_ids: int32 [B, T], index into environments.diagnosis.TAGS, -1 where no turn.
-      cause_mask: bool [B, T, len(CAUSES)], the fine causes seen in each turn.
-      turn_tags, turn_causes: the same as Python lists (empty for a failed worker).
-      failure_reasons: per episode, why it ended early (None when it did not).
-      episodes: per episode, the full EpisodeResult (transcripts included).
-    """
-
-    rewards: np.ndarray
-    tag_ids: np.ndarray
-    cause_mask: np.ndarray
-    turn_tags: list[list[str]]
-    turn_causes: list[list[set[str]]]
-    failure_reasons: list[str | None]
-    episodes: list[EpisodeResult]
 
 
 @dataclass(frozen=True)
@@ -180,8 +157,11 @@ class EnvPool:
         reached and the episode as "incomplete"."""
         self._dones[list(episodes)] = True
 
-    def results(self) -> BatchResults:
-        """Returns the verdicts of the batch and ends it (unfinished turns count as not reached)."""
+    def results(self) -> list[EpisodeResult]:
+        """Returns the verdict of every episode of the batch, in order, and ends the batch.
+
+        Unfinished turns count as not reached; an episode whose worker was lost is a failure
+        without turn tags, with the reason recorded."""
         settled = self._failures.keys() | self._results.keys()
         pending = {b: None for b in range(len(self._task_ids)) if b not in settled}
         for b, reply in self._request("results", pending).items():
@@ -194,8 +174,11 @@ class EnvPool:
             if b in self._results:
                 episodes.append(self._results[b])
             else:  # The worker's state is gone: a failure without turn tags.
-                episodes.append(EpisodeResult(task_id, "", False, [], [], [], self._failures[b]))
-        return batch_results(episodes)
+                category = self._load_task(task_id).category
+                episodes.append(
+                    EpisodeResult(task_id, category, False, [], [], [], self._failures[b])
+                )
+        return episodes
 
     def close(self) -> None:
         """Stops all workers."""
@@ -268,24 +251,3 @@ class EnvPool:
             if b not in self._results:
                 self._failures.setdefault(b, reason)
                 self._dones[b] = True
-
-
-def batch_results(episodes: list[EpisodeResult]) -> BatchResults:
-    """Packs per-episode verdicts into padded arrays (also to merge batches from several hosts)."""
-    turns = max((len(e.turn_tags) for e in episodes), default=0)
-    tag_ids = np.full((len(episodes), turns), -1, np.int32)
-    cause_mask = np.zeros((len(episodes), turns, len(CAUSES)), bool)
-    for b, episode in enumerate(episodes):
-        for t, (tag, causes) in enumerate(zip(episode.turn_tags, episode.turn_causes)):
-            tag_ids[b, t] = TAGS.index(tag)
-            for cause in causes:
-                cause_mask[b, t, CAUSES.index(cause)] = True
-    return BatchResults(
-        rewards=np.array([e.reward for e in episodes], np.float32),
-        tag_ids=tag_ids,
-        cause_mask=cause_mask,
-        turn_tags=[e.turn_tags for e in episodes],
-        turn_causes=[e.turn_causes for e in episodes],
-        failure_reasons=[e.failure_reason for e in episodes],
-        episodes=episodes,
-    )

@@ -1,80 +1,33 @@
-"""Diagnosis-weighted advantages, host side (SEAL_METHOD.md sections 1 and 3). Pure numpy.
+"""Diagnosis-weighted advantages, host side (docs/method.md, "Tag utilities and weights").
 
-Three pieces, used once per training step in this order:
+Once per training step, after the step's episodes were added to the failure profile
+(`environments.profile.FailureProfile`):
 
-1. `TagStatistics.add_episode(tags, reward)` for every diagnosed episode of the step: each tag
-   occurrence (one per ground-truth turn) is counted with its episode's reward, both in the current
-   epoch's window and in the all-time totals.
-2. `update_utilities(...)` moves every tag utility rho one EMA step toward
+1. `update_utilities(...)` moves every tag utility rho one EMA step toward
    `rho0 * (1 + alpha * prevalence * stagnation * confidence)`, clipped to [0.5, 2.0].
-3. `trajectory_weights(...)` turns each trajectory's tags into `w = clip(mean rho, 0.5, 2.0)`; the
-   device multiplies the GRPO advantages by it (`seal_jax.rl.weighted_advantages`). Weights are
+2. `trajectory_weights(...)` turns each trajectory's tags into `w = clip(mean rho, 0.5, 2.0)`.
+   The device side multiplies the GRPO advantages by them (`seal_jax.rl.weighted_advantages`,
+   which also applies the weighting mode, since only it sees the advantages' signs). Weights are
    always > 0, so the sign of an advantage never flips.
 
-`DiagnosisWeighting` bundles the three with the `config.weighting` section and the fine-cause
-statistics, and round-trips through `to_dict()` / `from_dict()` (JSON-able) for checkpoints.
+`DiagnosisWeighting` bundles the two with the `config.weighting` section and the fine-cause
+utilities, and round-trips through `to_dict()` / `from_dict()` (JSON-able) for checkpoints.
+Tags of `environments.diagnosis.EXCLUDED_TAGS` take no part.
 """
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
 
+from environments.diagnosis import EXCLUDED_TAGS
+from environments.episode import EpisodeResult
+from environments.profile import FailureProfile, TagStatistics, episode_causes
+
 WEIGHT_MIN, WEIGHT_MAX = 0.5, 2.0  # bounds of both utilities' targets and trajectory weights
 PASS_TAG = "pass"
-WEIGHT_MODES = ("all", "positive", "negative")
-
-
-@dataclasses.dataclass
-class TagStatistics:
-    """Per-tag occurrence counts and summed episode rewards: this epoch's window and all time."""
-
-    window_count: dict[str, int] = dataclasses.field(default_factory=dict)
-    window_reward_sum: dict[str, float] = dataclasses.field(default_factory=dict)
-    total_count: dict[str, int] = dataclasses.field(default_factory=dict)
-    total_reward_sum: dict[str, float] = dataclasses.field(default_factory=dict)
-
-    def add_episode(self, tags: Iterable[str], reward: float) -> None:
-        """Counts every occurrence in `tags` (repeats included) with the episode's `reward`."""
-        for tag in tags:
-            for count, reward_sum in (
-                (self.window_count, self.window_reward_sum),
-                (self.total_count, self.total_reward_sum),
-            ):
-                count[tag] = count.get(tag, 0) + 1
-                reward_sum[tag] = reward_sum.get(tag, 0.0) + float(reward)
-
-    def end_epoch(self) -> None:
-        """Empties the window; the all-time totals are kept."""
-        self.window_count.clear()
-        self.window_reward_sum.clear()
-
-    def summary(self) -> dict[str, tuple[int, float]]:
-        """Returns tag -> (count, mean episode reward) over the window, or all time if empty."""
-        if self.window_count:
-            count, reward_sum = self.window_count, self.window_reward_sum
-        else:
-            count, reward_sum = self.total_count, self.total_reward_sum
-        return {tag: (n, reward_sum[tag] / n) for tag, n in count.items()}
-
-    def to_dict(self) -> dict[str, dict[str, float]]:
-        """Returns the statistics as plain JSON-able data."""
-        return {field.name: dict(getattr(self, field.name)) for field in dataclasses.fields(self)}
-
-    @classmethod
-    def from_dict(cls, data: Mapping[str, Mapping[str, float]]) -> TagStatistics:
-        """Rebuilds statistics written by `to_dict`."""
-        names = [field.name for field in dataclasses.fields(cls)]
-        missing = [name for name in names if name not in data]
-        if missing:
-            raise ValueError(f"tag statistics are missing the fields {missing}; got {sorted(data)}")
-        cast = {name: int if name.endswith("count") else float for name in names}
-        return cls(
-            **{name: {tag: cast[name](v) for tag, v in data[name].items()} for name in names}
-        )
 
 
 def utility_target(
@@ -147,8 +100,6 @@ def trajectory_weights(
     utilities: Mapping[str, float],
     *,
     excluded_tags: Iterable[str] = (),
-    advantages: np.ndarray | None = None,
-    mode: str = "all",
     budget_enabled: bool = False,
     budget_strength: float = 1.0,
     budget_clamp: float = 2.0,
@@ -161,15 +112,10 @@ def trajectory_weights(
     tags; a tag missing from `utilities` counts as 1.0. With `cause_utilities` given (the switch for
     fine-cause utilities), the fine causes in `causes_per_trajectory` join the averaged values.
 
-    Then, in this order:
-    * budget (off by default), over tagged trajectories only: shrink toward 1,
-      `w <- 1 + (w - 1) / (1 + budget_strength)`; clamp to [1 / budget_clamp, budget_clamp];
-      divide by their mean so tagged weights average 1 (total learning signal unchanged).
-    * mode: `all` keeps w; `positive` / `negative` keep it only where the advantage is > 0 / < 0
-      and use 1 elsewhere, i.e. `1 + (w - 1) * mask`. Needs `advantages` [N] (only signs are read).
+    Then the budget (off by default), over tagged trajectories only: shrink toward 1,
+    `w <- 1 + (w - 1) / (1 + budget_strength)`; clamp to [1 / budget_clamp, budget_clamp];
+    divide by their mean so tagged weights average 1 (total learning signal unchanged).
     """
-    if mode not in WEIGHT_MODES:
-        raise ValueError(f"unknown weighting mode {mode!r}; expected one of {WEIGHT_MODES}")
     if budget_enabled and (budget_strength < 0 or budget_clamp <= 1):
         raise ValueError(
             f"need budget_strength >= 0 and budget_clamp > 1; got {budget_strength}, {budget_clamp}"
@@ -190,12 +136,6 @@ def trajectory_weights(
     weights = np.clip(weights, WEIGHT_MIN, WEIGHT_MAX)
     if budget_enabled and tagged.any():
         weights[tagged] = _apply_budget(weights[tagged], budget_strength, budget_clamp)
-    if mode != "all":
-        if advantages is None or np.shape(advantages) != (n,):
-            raise ValueError(f"mode {mode!r} needs advantages of shape ({n},)")
-        advantages = np.asarray(advantages)
-        mask = advantages > 0 if mode == "positive" else advantages < 0
-        weights = 1.0 + (weights - 1.0) * mask
     return weights.astype(np.float32)
 
 
@@ -222,63 +162,43 @@ def weight_metrics(weights: np.ndarray) -> dict[str, float]:
 class DiagnosisWeighting:
     """The policy side of SEAL's closed loop, configured by `config.weighting`, checkpointable.
 
-    Per step: `add_episode` for each episode, then `update()`, then `weights(...)` for the batch;
-    `end_epoch()` at each epoch end. Fine causes keep statistics and utilities of their own
-    (prevalence counted among causes) and only enter the weights when `cause_utilities` is on.
+    Per step: `update(profile)` once the step's episodes are in the failure profile, then
+    `weights(results)` for the step's episodes. Fine causes have utilities of their own
+    (prevalence counted among causes), which enter the weights only when `cause_utilities` is on.
     """
 
     def __init__(self, config: Any) -> None:
         self.config = config
         self.rho0 = {tag: float(value) for tag, value in dict(config.rho0).items()}
-        self.excluded_tags = tuple(config.excluded_tags)
-        self.tag_stats = TagStatistics()
-        self.cause_stats = TagStatistics()
         self.utilities = dict(self.rho0)
         self.cause_utilities: dict[str, float] = {}
 
-    def add_episode(self, tags: Sequence[str], reward: float, causes: Iterable[str] = ()) -> None:
-        """Records one diagnosed episode: its turn tags, its reward, its observed fine causes."""
-        self.tag_stats.add_episode(tags, reward)
-        self.cause_stats.add_episode(causes, reward)
-
-    def update(self) -> None:
-        """Moves the tag (and fine-cause) utilities one closed-loop step."""
+    def update(self, profile: FailureProfile) -> None:
+        """Moves the tag (and fine-cause) utilities one closed-loop step toward the profile."""
         c = self.config
         kwargs = dict(
             beta=c.beta, alpha=c.alpha, confidence_k=c.confidence_k, closed_loop=c.closed_loop
         )
         self.utilities = update_utilities(
-            self.utilities, self.tag_stats, self.rho0, excluded_tags=self.excluded_tags, **kwargs
+            self.utilities, profile.tags, self.rho0, excluded_tags=EXCLUDED_TAGS, **kwargs
         )
         self.cause_utilities = update_utilities(
-            self.cause_utilities, self.cause_stats, {}, excluded_tags=(), **kwargs
+            self.cause_utilities, profile.causes, {}, excluded_tags=(), **kwargs
         )
 
-    def end_epoch(self) -> None:
-        """Resets the statistics windows."""
-        self.tag_stats.end_epoch()
-        self.cause_stats.end_epoch()
-
-    def weights(
-        self,
-        tags_per_trajectory: Sequence[Sequence[str]],
-        advantages: np.ndarray,
-        causes_per_trajectory: Sequence[Sequence[str]] | None = None,
-    ) -> np.ndarray:
-        """Returns float32 [N] weights for the batch; all 1.0 when weighting is disabled."""
+    def weights(self, results: Sequence[EpisodeResult]) -> np.ndarray:
+        """Returns float32 [N] weights of the episodes; all 1.0 when weighting is disabled."""
         if not self.config.enabled:
-            return np.ones(len(tags_per_trajectory), dtype=np.float32)
+            return np.ones(len(results), dtype=np.float32)
         c = self.config
         return trajectory_weights(
-            tags_per_trajectory,
+            [r.turn_tags for r in results],
             self.utilities,
-            excluded_tags=self.excluded_tags,
-            advantages=advantages,
-            mode=c.mode,
+            excluded_tags=EXCLUDED_TAGS,
             budget_enabled=c.budget_enabled,
             budget_strength=c.budget_strength,
             budget_clamp=c.budget_clamp,
-            causes_per_trajectory=causes_per_trajectory,
+            causes_per_trajectory=[episode_causes(r) for r in results],
             cause_utilities=self.cause_utilities if c.cause_utilities else None,
         )
 
@@ -289,23 +209,16 @@ class DiagnosisWeighting:
         return metrics
 
     def to_dict(self) -> dict[str, Any]:
-        """Returns the learned state (statistics and utilities) as plain JSON-able data."""
-        return {
-            "tag_stats": self.tag_stats.to_dict(),
-            "cause_stats": self.cause_stats.to_dict(),
-            "utilities": dict(self.utilities),
-            "cause_utilities": dict(self.cause_utilities),
-        }
+        """Returns the learned utilities as plain JSON-able data."""
+        return {"utilities": dict(self.utilities), "cause_utilities": dict(self.cause_utilities)}
 
     @classmethod
     def from_dict(cls, config: Any, data: Mapping[str, Any]) -> DiagnosisWeighting:
         """Rebuilds a `DiagnosisWeighting` from `config` and the state written by `to_dict`."""
-        missing = {"tag_stats", "cause_stats", "utilities", "cause_utilities"} - set(data)
+        missing = {"utilities", "cause_utilities"} - set(data)
         if missing:
             raise ValueError(f"weighting state is missing {sorted(missing)}")
         weighting = cls(config)
-        weighting.tag_stats = TagStatistics.from_dict(data["tag_stats"])
-        weighting.cause_stats = TagStatistics.from_dict(data["cause_stats"])
         weighting.utilities = {tag: float(v) for tag, v in data["utilities"].items()}
         weighting.cause_utilities = {c: float(v) for c, v in data["cause_utilities"].items()}
         return weighting

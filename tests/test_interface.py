@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from configs.base import base_config
+from configs.base import INTERFACE_PRESETS, base_config
 from environments.bfcl import evaluate, load_task
 from environments.episode import Episode, EpisodeConfig, EpisodeResult
 from environments.executor import CallOutcome
@@ -13,16 +13,14 @@ from environments.interface import (
     GUIDELINES,
     HINTS,
     INSTRUCTION,
-    PRESETS,
     InterfaceState,
     LearningInterface,
-    with_preset,
 )
 from environments.policies import FINAL_ANSWER, NoActionPolicy
 from environments.pool import EnvPool, PoolConfig
+from environments.profile import FailureProfile, TagStatistics
 from environments.rendering import Renderer
 from environments.toolcall import QWEN_TOOLS_FOOTER, QWEN_TOOLS_HEADER, ToolCall, render_tool_call
-from environments.weighting import TagStatistics
 
 DOCS = [
     {
@@ -53,8 +51,8 @@ AFFORDANCE = (
 
 
 def interface_config(preset, **overrides):
-    config = with_preset(base_config().interface, preset)
-    for key, value in overrides.items():
+    config = base_config().interface
+    for key, value in {**INTERFACE_PRESETS[preset], **overrides}.items():
         setattr(config, key, value)
     return config
 
@@ -74,10 +72,12 @@ def result(*turns):
 
 
 def tag_stats(profile):
-    """TagStatistics holding tag -> (count, mean reward) in its window."""
-    return TagStatistics(
-        window_count={tag: n for tag, (n, _) in profile.items()},
-        window_reward_sum={tag: n * mean for tag, (n, mean) in profile.items()},
+    """A FailureProfile whose tag window holds tag -> (count, mean reward)."""
+    return FailureProfile(
+        TagStatistics(
+            window_count={tag: n for tag, (n, _) in profile.items()},
+            window_reward_sum={tag: n * mean for tag, (n, mean) in profile.items()},
+        )
     )
 
 
@@ -205,7 +205,8 @@ def test_static_hints_list_the_shown_tools_and_the_call_format():
 
 
 def test_released_preset_is_the_default_and_static():
-    assert {k: base_config().interface[k] for k in PRESETS["released"]} == PRESETS["released"]
+    released = INTERFACE_PRESETS["released"]
+    assert {k: base_config().interface[k] for k in released} == released
     interface = LearningInterface(base_config().interface)
     interface.update(STEP * 5, tag_stats(PROFILE))
     assert interface.state.version == 0 and interface.state.active["guidelines"] == []
@@ -226,7 +227,7 @@ def test_units_switch_on_and_off_with_hysteresis_and_bump_the_version():
         {"causes": {"argument_mismatch"}, "arguments": ["read_file"]},
         {"causes": {"argument_mismatch"}, "arguments": ["read_file"]},
     )
-    stats = TagStatistics()
+    stats = FailureProfile()
     history = []
     for step in [[three, two, two], [two, two], [], [], []]:
         interface.update(step, stats)
@@ -270,9 +271,7 @@ def test_state_round_trips_through_json_and_rejects_malformed_data():
             InterfaceState.from_dict(broken)
 
 
-def test_bad_presets_and_switches_raise_one_clear_error():
-    with pytest.raises(ValueError, match="unknown interface preset 'full'"):
-        with_preset(base_config().interface, "full")
+def test_bad_switches_raise_one_clear_error():
     with pytest.raises(ValueError, match="interface switches must be one of"):
         LearningInterface(interface_config("plain", guidelines="dynamic"))
     with pytest.raises(ValueError, match="off_count <= on_count"):
@@ -299,7 +298,7 @@ def test_training_episode_attributes_failures_that_drive_the_closed_loop():
     step = [play() for _ in range(3)]  # One training step: 3 turns fail after a missing argument.
     assert not any(message.endswith(hint) for message, _ in step)
     results = [r for _, r in step]
-    interface.update(results, TagStatistics())
+    interface.update(results, FailureProfile())
     assert play()[0].endswith(hint)
     first = results[0]
     assert first.turn_argument_tools[0] == ["cd"] and first.turn_argument_tools[1:] == [[]] * 3

@@ -6,10 +6,10 @@ import re
 
 import pytest
 
-from configs.base import base_config
+from configs.base import apply_variant, base_config
 from environments.bfcl import all_task_ids, load_task
 from environments.executor import CallOutcome, check_arguments
-from environments.interface import COMPONENTS, InterfaceRenderer, LearningInterface, with_preset
+from environments.interface import COMPONENTS, InterfaceRenderer, LearningInterface
 from environments.policies import oracle_turns
 from environments.rendering import Renderer
 from environments.toolcall import ToolCall, parse_python_call, parse_reply
@@ -127,8 +127,8 @@ def rendered(renderer, task):
 
 
 def test_plain_preset_and_evaluation_render_like_the_base_renderer_for_every_task(tasks):
-    plain = LearningInterface(with_preset(base_config().interface, "plain"))
-    trained = LearningInterface(with_preset(base_config().interface, "closed_loop"))
+    plain = LearningInterface(apply_variant(base_config(), "vanilla_grpo").interface)
+    trained = LearningInterface(apply_variant(base_config(), "closed_loop").interface)
     for interface in (plain, trained):
         for _ in range(3):
             interface.update(STEP, tag_stats(PROFILE))

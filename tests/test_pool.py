@@ -7,7 +7,6 @@ import numpy as np
 import pytest
 
 from environments.bfcl import load_task, score, split_ids
-from environments.diagnosis import TAGS
 from environments.policies import NoActionPolicy, OraclePolicy, oracle_turns
 from environments.pool import EnvPool, PoolConfig
 from environments.task import ToolTask
@@ -72,24 +71,21 @@ def bfcl_pool():
         yield pool
 
 
-def test_batched_oracle_matches_score_and_packs_arrays(bfcl_pool):
+def test_batched_oracle_matches_score(bfcl_pool):
     ids = split_ids("eval")[::50]
     results, _ = play(bfcl_pool, OraclePolicy({i: load_task(i) for i in ids}), ids)
-    assert results.rewards.tolist() == [1.0] * len(ids)
-    for b, task_id in enumerate(ids):
+    assert [r.reward for r in results] == [1.0] * len(ids)
+    for result, task_id in zip(results, ids, strict=True):
         reference = score(task_id, oracle_turns(load_task(task_id)))
-        assert results.turn_tags[b] == reference.turn_tags
-        n = len(reference.turn_tags)
-        assert [TAGS[i] for i in results.tag_ids[b, :n]] == reference.turn_tags
-        assert (results.tag_ids[b, n:] == -1).all()
-    assert results.cause_mask.shape == (*results.tag_ids.shape, 4)
+        assert (result.task_id, result.turn_tags) == (task_id, reference.turn_tags)
+        assert result.turn_causes == reference.turn_causes
 
 
 def test_do_nothing_policy_scores_zero(bfcl_pool):
     ids = split_ids("eval")[:6]
     results, _ = play(bfcl_pool, NoActionPolicy(), ids)
-    assert results.rewards.tolist() == [0.0] * 6
-    assert all(tags and "empty_turn_model_response" in tags for tags in results.turn_tags)
+    assert [r.reward for r in results] == [0.0] * 6
+    assert all(r.turn_tags and "empty_turn_model_response" in r.turn_tags for r in results)
 
 
 def test_bad_input_gets_one_clear_error(bfcl_pool):
@@ -128,12 +124,13 @@ def test_failed_worker_is_replaced_and_its_episodes_fail(bad_call, reason):
             ["Done."],
         ]
         results, _ = play(pool, Scripted(scripts), ids)
-        assert results.failure_reasons[1].startswith(reason)
-        assert results.rewards[1] == 0.0 and results.turn_tags[1] == []
-        assert results.rewards[0] == results.rewards[2] == 1.0
-        assert results.failure_reasons[3] is None  # finished before the crash, verdict kept
+        assert results[1].failure_reason.startswith(reason)
+        assert results[1].reward == 0.0 and results[1].turn_tags == []
+        assert results[1].category == load_toy_task(results[1].task_id).category
+        assert results[0].reward == results[2].reward == 1.0
+        assert results[3].failure_reason is None  # finished before the crash, verdict kept
         again, _ = play(pool, Scripted([[call("work"), "Done."]] * 4), ids)
-        assert again.rewards.tolist() == [1.0] * 4
+        assert [r.reward for r in again] == [1.0] * 4
 
 
 def load_or_crash(task_id):
@@ -149,4 +146,4 @@ def test_reset_without_any_worker_is_one_clear_error():
             pool.reset(["crash_0", "crash_1"])
         # The lost worker was replaced: the pool still runs episodes.
         results, _ = play(pool, Scripted([[call("work"), "Done."]]), ["toy_0"])
-        assert results.rewards.tolist() == [1.0]
+        assert [r.reward for r in results] == [1.0]

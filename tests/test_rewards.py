@@ -1,23 +1,22 @@
 """The reward kinds against a hand count."""
 
-from types import SimpleNamespace
-
 import numpy as np
 import pytest
 
-from seal_jax.config import ConfigError
-from seal_jax.trainer import episode_rewards
+from environments.episode import EpisodeResult
+from environments.rewards import episode_rewards
 
-RESULTS = SimpleNamespace(
-    rewards=np.array([0.0, 1.0, 0.0, 0.0, 1.0], np.float32),
-    turn_tags=[
-        ["pass", "state_mismatch", "correct_abstention", "pass"],  # 2 of 3 graded turns
-        ["pass", "correct_abstention"],  # success
-        ["spurious_tool_call"],  # no graded turn: falls back to the binary reward
-        ["empty_turn_model_response", "instance_mismatch"],
-        ["pass", "spurious_tool_call"],  # official success with a call where none was due
-    ],
-)
+TAGS_AND_SUCCESS = [
+    (["pass", "state_mismatch", "correct_abstention", "pass"], False),  # 2 of 3 graded turns
+    (["pass", "correct_abstention"], True),
+    (["spurious_tool_call"], False),  # no graded turn: falls back to the binary reward
+    (["empty_turn_model_response", "instance_mismatch"], False),
+    (["pass", "spurious_tool_call"], True),  # official success with a call where none was due
+]
+RESULTS = [
+    EpisodeResult("t", "c", success, tags, [set()] * len(tags), [[]] * len(tags))
+    for tags, success in TAGS_AND_SUCCESS
+]
 
 
 def test_binary_is_the_success_flag():
@@ -33,5 +32,5 @@ def test_progress_counts_passed_turns_with_a_ground_truth_call():
 
 
 def test_unknown_reward_kind():
-    with pytest.raises(ConfigError, match="rl.reward"):
+    with pytest.raises(ValueError, match="unknown reward kind 'dense'"):
         episode_rewards(RESULTS, "dense")

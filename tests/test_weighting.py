@@ -1,4 +1,4 @@
-"""Host-side tag statistics, closed-loop utilities and trajectory weights (SEAL_METHOD.md 3)."""
+"""Host-side tag statistics, closed-loop utilities and trajectory weights (docs/method.md 3)."""
 
 import json
 
@@ -7,6 +7,9 @@ import pytest
 
 from configs.base import base_config
 from environments import weighting as w
+from environments.episode import EpisodeResult
+from environments.profile import FailureProfile, TagStatistics
+from seal_jax import rl
 
 EXCLUDED = ("gt_error", "checker_error")
 TAGS = ("pass", "state_mismatch", "spurious_tool_call", "instance_mismatch", "gt_error", "odd_tag")
@@ -17,7 +20,7 @@ def rho0():
 
 
 def reference_update(rho, episodes, rho0, beta=0.25, alpha=1.0, k=32):
-    """SEAL_METHOD.md section 3, written out independently from a list of (tags, reward)."""
+    """docs/method.md section 3, written out independently from a list of (tags, reward)."""
     count, reward_sum = {}, {}
     for tags, reward in episodes:
         for tag in tags:
@@ -55,7 +58,7 @@ def update(rho, stats, **kwargs):
 
 
 def test_worked_example_of_the_method():
-    stats = w.TagStatistics()
+    stats = TagStatistics()
     for _ in range(36):  # prevalence 36 / 120 = 0.3, mean reward 0, count >= K
         stats.add_episode(["state_mismatch"], 0.0)
     for _ in range(84):
@@ -69,7 +72,7 @@ def test_worked_example_of_the_method():
 
 def test_update_matches_reference_over_several_steps():
     rng = np.random.default_rng(0)
-    stats, episodes = w.TagStatistics(), []
+    stats, episodes = TagStatistics(), []
     rho, expected = rho0(), rho0()
     for _ in range(4):
         new = random_episodes(rng, 30)
@@ -84,7 +87,7 @@ def test_update_matches_reference_over_several_steps():
 
 
 def test_window_resets_per_epoch_and_falls_back_to_totals():
-    stats = w.TagStatistics()
+    stats = TagStatistics()
     stats.add_episode(["state_mismatch", "state_mismatch", "pass"], 0.0)
     stats.add_episode(["pass"], 1.0)
     assert stats.summary() == {"state_mismatch": (2, 0.0), "pass": (2, 0.5)}
@@ -96,19 +99,19 @@ def test_window_resets_per_epoch_and_falls_back_to_totals():
 
 
 def test_statistics_round_trip_through_json():
-    stats = w.TagStatistics()
+    stats = TagStatistics()
     for tags, reward in random_episodes(np.random.default_rng(1), 20):
         stats.add_episode(tags, reward)
     stats.end_epoch()
     stats.add_episode(["pass"], 1.0)
-    restored = w.TagStatistics.from_dict(json.loads(json.dumps(stats.to_dict())))
+    restored = TagStatistics.from_dict(json.loads(json.dumps(stats.to_dict())))
     assert restored == stats
     with pytest.raises(ValueError, match="missing"):
-        w.TagStatistics.from_dict({"window_count": {}})
+        TagStatistics.from_dict({"window_count": {}})
 
 
 def test_static_switch_keeps_rho0():
-    stats = w.TagStatistics()
+    stats = TagStatistics()
     stats.add_episode(["state_mismatch"] * 40, 0.0)
     assert update({"state_mismatch": 1.7}, stats, closed_loop=False) == rho0()
 
@@ -133,13 +136,15 @@ def test_trajectory_weights_match_reference_and_keep_signs():
 
 @pytest.mark.parametrize("mode", ["positive", "negative"])
 def test_modes_weight_only_one_sign(mode):
+    """The mode is applied where the advantages live (seal_jax.rl), from the host's weights."""
     tags = [["spurious_tool_call"], ["instance_mismatch"], ["spurious_tool_call"], []]
     rho = {"spurious_tool_call": 2.0, "instance_mismatch": 0.6}
-    advantages = np.array([1.0, -1.0, 0.0, -2.0])
-    got = w.trajectory_weights(tags, rho, advantages=advantages, mode=mode)
+    advantages = np.array([1.0, -1.0, 0.0, -2.0], np.float32)
     full = np.array([2.0, 0.6, 2.0, 1.0])
+    np.testing.assert_allclose(w.trajectory_weights(tags, rho), full, rtol=1e-6)
+    got = rl.weighted_advantages(advantages, w.trajectory_weights(tags, rho), mode)
     keep = advantages > 0 if mode == "positive" else advantages < 0
-    np.testing.assert_allclose(got, np.where(keep, full, 1.0))
+    np.testing.assert_allclose(got, advantages * np.where(keep, full, 1.0), rtol=1e-6)
 
 
 def test_budget_shrinks_clamps_and_renormalises_tagged_weights():
@@ -170,10 +175,8 @@ def test_cause_utilities_join_the_mean_only_when_given():
 
 
 def test_bad_input_raises():
-    with pytest.raises(ValueError, match="mode"):
-        w.trajectory_weights([["pass"]], {}, mode="both")
-    with pytest.raises(ValueError, match="advantages"):
-        w.trajectory_weights([["pass"]], {}, mode="positive")
+    with pytest.raises(ValueError, match="weighting mode"):
+        rl.weighted_advantages(np.ones(1), np.ones(1), "both")
     with pytest.raises(ValueError, match="causes"):
         w.trajectory_weights([["pass"]], {}, cause_utilities={})
     with pytest.raises(ValueError, match="budget"):
@@ -190,26 +193,55 @@ def test_weight_metrics():
     assert w.weight_metrics(np.ones(7))["weight_ess"] == pytest.approx(7.0)
 
 
+def as_results(episodes, causes=()):
+    """EpisodeResults with the given (tags, reward) and one set of causes on their first turn."""
+    return [
+        EpisodeResult("t", "c", bool(reward), tags, [set(causes)] + [set()] * (len(tags) - 1), [])
+        for tags, reward in episodes
+    ]
+
+
 def test_diagnosis_weighting_end_to_end_and_checkpoint():
     config = base_config().weighting
-    weighting = w.DiagnosisWeighting(config)
+    weighting, profile = w.DiagnosisWeighting(config), FailureProfile()
     episodes = random_episodes(np.random.default_rng(3), 40)
-    for tags, reward in episodes:
-        weighting.add_episode(tags, reward, causes=["argument_mismatch"] if reward == 0 else [])
-    weighting.update()
+    results = as_results(episodes)
+    profile.add(results, [reward for _, reward in episodes])
+    weighting.update(profile)
     expected = reference_update(rho0(), episodes, rho0())
     assert weighting.utilities == pytest.approx(expected)
     assert weighting.metrics()["utility/state_mismatch"] == pytest.approx(
         expected["state_mismatch"]
     )
-    batch = [tags for tags, _ in episodes[:8]]
-    weights = weighting.weights(batch, np.ones(8))
-    np.testing.assert_allclose(weights, [reference_weight(t, expected) for t in batch], rtol=1e-6)
+    weights = weighting.weights(results[:8])
+    reference = [reference_weight(tags, expected) for tags, _ in episodes[:8]]
+    np.testing.assert_allclose(weights, reference, rtol=1e-6)
 
     restored = w.DiagnosisWeighting.from_dict(config, json.loads(json.dumps(weighting.to_dict())))
     assert restored.to_dict() == weighting.to_dict()
-    restored.end_epoch()
-    assert restored.tag_stats.window_count == {}
+    copy = FailureProfile.from_dict(json.loads(json.dumps(profile.to_dict())))
+    assert copy == profile
+    copy.end_epoch()
+    assert copy.tags.window_count == {} and copy.tags.total_count == profile.tags.total_count
 
     config.enabled = False
-    np.testing.assert_array_equal(w.DiagnosisWeighting(config).weights(batch, np.ones(8)), 1.0)
+    np.testing.assert_array_equal(w.DiagnosisWeighting(config).weights(results[:8]), 1.0)
+
+
+def test_fine_causes_are_counted_per_turn_and_weigh_in_only_when_switched_on():
+    config = base_config().weighting
+    profile = FailureProfile()
+    results = as_results(
+        [(["state_mismatch", "pass"], 0.0)], ["missing_tool_call", "argument_mismatch"]
+    )
+    profile.add(results, [0.0])
+    assert profile.causes.total_count == {"argument_mismatch": 1, "missing_tool_call": 1}
+    weighting = w.DiagnosisWeighting(config)
+    weighting.update(profile)
+    plain = weighting.weights(results)
+    config.cause_utilities = True
+    with_causes = w.DiagnosisWeighting.from_dict(config, weighting.to_dict()).weights(results)
+    rho, causes = weighting.utilities, weighting.cause_utilities
+    values = [rho["state_mismatch"], rho["pass"], *causes.values()]
+    assert plain[0] == pytest.approx((rho["state_mismatch"] + rho["pass"]) / 2)
+    assert with_causes[0] == pytest.approx(sum(values) / len(values))
