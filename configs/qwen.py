@@ -1,4 +1,4 @@
-"""The paper's setting: Qwen2.5-7B-Instruct, GRPO + SEAL (SEAL_METHOD.md section 6).
+"""The paper's setting: Qwen2.5-7B-Instruct, GRPO + SEAL (docs/method.md section 6).
 
 Set the checkpoint directory: `--config.model.path=/path/to/Qwen2.5-7B-Instruct` (nothing is
 downloaded). Other backbones of the paper: point model.path at Qwen2.5-3B-Instruct (the same

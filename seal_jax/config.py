@@ -1,10 +1,16 @@
-"""Validation of a resolved experiment config: one clear error for a value that cannot work."""
+"""Validation of a resolved experiment config: one clear error for a value that cannot work.
+
+The allowed values of each choice come from the module that defines them.
+"""
 
 from __future__ import annotations
 
 from typing import Any
 
 import jax.numpy as jnp
+
+from environments import episode, interface, rewards, sources
+from seal_jax import optim, rl
 
 DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
 
@@ -35,26 +41,16 @@ def validate(c: Any) -> None:
         size = c.mesh[axis]
         if size == 0 or size < -1:
             raise ConfigError(f"--config.mesh.{axis}={size}: use a positive size or -1")
-    _choice(c.optim.schedule, "optim.schedule", ("constant", "cosine", "linear"))
-    _choice(c.rl.kl_estimator, "rl.kl_estimator", ("k1", "k2", "k3"))
-    _choice(
-        c.rl.loss_agg,
-        "rl.loss_agg",
-        ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm"),
-    )
-    _choice(c.weighting.mode, "weighting.mode", ("all", "positive", "negative"))
-    _choice(c.env.name, "env.name", ("bfcl", "suite"))
-    _choice(c.rl.reward, "rl.reward", ("binary", "strict", "progress"))
-    _choice(c.rl.old_logprobs, "rl.old_logprobs", ("recompute", "sampler"))
-    _choice(c.env.train_mode, "env.train_mode", ("training", "official"))
-    for key in (
-        "interface.schema_cues",
-        "interface.affordance_cues",
-        "interface.error_hints",
-        "interface.guidelines",
-    ):
-        section, field = key.split(".")
-        _choice(c[section][field], key, ("off", "static", "adaptive"))
+    _choice(c.optim.schedule, "optim.schedule", optim.SCHEDULES)
+    _choice(c.rl.kl_estimator, "rl.kl_estimator", rl.KL_ESTIMATORS)
+    _choice(c.rl.loss_agg, "rl.loss_agg", rl.LOSS_AGGS)
+    _choice(c.rl.old_logprobs, "rl.old_logprobs", rl.OLD_LOGPROBS)
+    _choice(c.weighting.mode, "weighting.mode", rl.WEIGHT_MODES)
+    _choice(c.rl.reward, "rl.reward", rewards.REWARD_KINDS)
+    _choice(c.env.name, "env.name", tuple(sources.SOURCES))
+    _choice(c.env.train_mode, "env.train_mode", episode.MODES)
+    for component in interface.COMPONENTS:
+        _choice(c.interface[component], f"interface.{component}", interface.MODES)
     _positive(
         c,
         "rl.group_size",

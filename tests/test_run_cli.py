@@ -28,6 +28,7 @@ def _run(*args, tmp_path):
         ([], "--config is required"),
         (["--config=configs/missing.py"], "config file 'configs/missing.py' not found"),
         (["--config=configs/qwen.py", "--config.optim.nope=1"], "unknown config key"),
+        (["--config=configs/qwen.py", "--config.variant=seal"], "unknown config key"),
         (["--config=configs/qwen.py", "--config.optim.lr=fast"], "could not convert"),
         (["--config=configs/qwen.py", "--config.model.path=/nonexistent"], "does not exist"),
         (["--config=configs/qwen.py", "--config.model.param_dtype=int8"], "must be one of"),
@@ -63,7 +64,7 @@ def test_variant_and_overrides_reach_the_saved_resolved_config(tmp_path):
     with open(os.path.join(tmp_path, "wd", "config.json")) as f:
         saved = json.load(f)
     assert saved["optim"]["lr"] == 3e-6 and saved["model"]["path"] == "/nonexistent"
-    assert saved["variant"] == "closed_loop"
+    assert saved["interface"]["error_hints"] == "adaptive"  # the closed_loop variant's
     expected = qwen_config("closed_loop")
     expected.optim.lr, expected.model.path = 3e-6, "/nonexistent"
     assert saved == json.loads(json.dumps(expected.to_dict(), default=str))
@@ -84,7 +85,6 @@ def test_ablation_variants_set_their_switches(
     variant, schema_cues, error_hints, weighting, closed_loop
 ):
     config = qwen_config(variant)
-    assert config.variant == variant
     assert (config.interface.schema_cues, config.interface.error_hints) == (
         schema_cues,
         error_hints,
