@@ -88,7 +88,8 @@ def _save_resolved_config(config: object, workdir: str) -> None:
 
 def main(argv: list[str]) -> None:
     """Validates the config, prepares the work directory and runs the selected mode."""
-    del argv
+    if len(argv) > 1:
+        _fail(f"unexpected argument(s) {' '.join(argv[1:])!r}: flags are --name=value")
     from seal_jax import config as config_lib
     from seal_jax.checkpointing import CheckpointMismatchError
     from seal_jax.models import CheckpointError
@@ -96,7 +97,10 @@ def main(argv: list[str]) -> None:
     config = _CONFIG.value
     try:
         config_lib.validate(config)
-        _save_resolved_config(config, _WORKDIR.value)
+        try:
+            _save_resolved_config(config, _WORKDIR.value)
+        except OSError as e:
+            _fail(f"cannot write to --workdir={_WORKDIR.value}: {e.strerror or e}")
         from seal_jax import modes
 
         modes.run(_MODE.value, config, _WORKDIR.value)

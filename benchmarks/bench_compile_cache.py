@@ -1,6 +1,6 @@
 """What the persistent compilation cache saves: the same run.py job twice, cold then warm cache.
 
-    PYTHONPATH=. .venv/bin/python benchmarks/bench_compile_cache.py [--config=configs/tiny.py]
+    python -m benchmarks.bench_compile_cache [--config=configs/tiny.py]
         [--override=--config.train.max_steps=8 ...]
 
 Both runs use fresh work directories and one new, empty cache directory

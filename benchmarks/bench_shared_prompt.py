@@ -8,8 +8,8 @@ prompt of about --prompt_len tokens per group and about --response_len tokens af
 (lengths drawn within +-25%, padded to multiples of 128 as the trainer does). One untimed call
 compiles each; the figure is the mean of --repeats calls.
 
-    PYTHONPATH=. .venv/bin/python benchmarks/bench_shared_prompt.py
-    PYTHONPATH=. .venv/bin/python benchmarks/bench_shared_prompt.py --shape=small --prompt_len=2048
+    python -m benchmarks.bench_shared_prompt
+    python -m benchmarks.bench_shared_prompt --shape=small --prompt_len=2048
 """
 
 from __future__ import annotations

@@ -20,7 +20,7 @@ import jax
 import jax.numpy as jnp
 
 from configs.base import base_config
-from seal_jax import sharding, trainer
+from seal_jax import episodes, sharding, trainer
 from seal_jax.models import QwenConfig, init_params, load_hf_checkpoint, save_hf_checkpoint
 from tests.hf_models import qwen_tokenizer_dir
 
@@ -97,10 +97,10 @@ def bench(shape: str, args: argparse.Namespace) -> None:
     model = load_hf_checkpoint(path, mesh=sharding.make_mesh(), compute_dtype=jnp.bfloat16)
     n_params = sum(x.size for x in jax.tree.leaves(model.params))
     run = trainer.build(c, model, tempfile.mkdtemp())
-    state = trainer._fresh_state(run)
+    state = trainer.initial_state(run)
     ref = jax.tree.map(jnp.copy, model.params)
     rows = []
-    with trainer._pool(run, "training") as pool:
+    with episodes.open_pool(run.source, c.env, "training") as pool:
         for _ in range(args.steps):
             m = trainer.train_one_step(run, state, pool, ref)
             rows.append(m)

@@ -6,8 +6,8 @@ log-probs, for causal attention in one [T, T] block (CAUSAL_BLOCK set to the len
 before blocks) or in CAUSAL_BLOCK-query blocks, each with the layer scan kept (scan_unroll 1) or
 unrolled (2). All four are timed side by side in one run (one untimed call compiles each).
 
-    PYTHONPATH=. .venv/bin/python benchmarks/bench_train_pass.py
-    PYTHONPATH=. .venv/bin/python benchmarks/bench_train_pass.py --lengths=512 --repeats=20
+    python -m benchmarks.bench_train_pass
+    python -m benchmarks.bench_train_pass --lengths=512 --repeats=20
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """SEAL versus vanilla GRPO and the ablation rows on the generated suite (configs/tiny.py).
 
-    PYTHONPATH=. .venv/bin/python benchmarks/seal_vs_baselines.py [--seeds=3] [--out_dir=DIR]
+    python -m benchmarks.seal_vs_baselines [--seeds=3] [--out_dir=DIR]
         [--variants=vanilla_grpo,...] [--max_steps=N] [--eval_limit=N] [--sft_steps=N] ...
 
 Every variant of configs.base.VARIANTS runs `run.py --config=configs/tiny.py:<variant>` with

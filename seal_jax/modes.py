@@ -163,6 +163,15 @@ def _trained_params(model: LoadedModel, workdir: str) -> tuple[Any, int | None]:
         checkpointer.close()
 
 
+def _latest_step(workdir: str) -> int | None:
+    """The newest checkpoint's step in workdir, or None."""
+    checkpointer = Checkpointer(workdir)
+    try:
+        return checkpointer.latest_step()
+    finally:
+        checkpointer.close()
+
+
 def use_compilation_cache(path: str) -> None:
     """Makes JAX save compiled programs under `path` ("~" expanded) and reuse them in later runs.
 
@@ -184,6 +193,9 @@ def run(mode: str, config: Any, workdir: str) -> None:
     use_compilation_cache(config.compilation_cache_dir)
     if config.distributed.enabled:
         distributed.initialize(config.distributed)
+    if mode == "export" and _latest_step(workdir) is None:
+        # Before the model (and, with model.scratch / sft.steps, a warm start) is built for nothing.
+        raise CheckpointError(f"no training checkpoint in {workdir!r} to export")
     model = load_policy(config, initial_policy(config, workdir))
     if mode == "train":
         trainer.train(config, model, workdir)

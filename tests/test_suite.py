@@ -232,6 +232,6 @@ def test_score_and_the_evaluation_command(tmp_path):
     command += ["--split=eval", f"--workdir={tmp_path}", "--limit=8", "--num_workers=1"]
     subprocess.run(command, check=True, capture_output=True)
     metrics = json.loads((tmp_path / "metrics.json").read_text())
-    assert metrics["mean_accuracy"] == 1.0 and metrics["num_tasks"] == 8
+    assert metrics["mean"] == 1.0 and metrics["num_tasks"] == 8
     lines = (tmp_path / "transcripts.jsonl").read_text().splitlines()
     assert [json.loads(line)["id"] for line in lines] == split_ids("eval")[:8]

@@ -2,24 +2,28 @@
 
     python -m environments.bfcl.evaluate --policy=oracle --split=eval --workdir=workdirs/eval_oracle
 
-Writes `metrics.json` (accuracy per category, their mean, per-turn tag and cause histograms)
-and `transcripts.jsonl` (one line per task: verdict, tags, causes, every message) to workdir.
+Writes `metrics.json` (accuracy per category, their mean, per-turn tag and cause histograms:
+`environments.summary.summarize`) and `transcripts.jsonl` (one line per task: verdict, tags,
+causes, every message) to workdir. A user's mistake (a bad flag value, a work directory that
+cannot be written) ends in one `error:` line on stderr and exit code 2.
 """
 
-import collections
 import json
+import sys
+import tempfile
 from collections.abc import Callable
 from pathlib import Path
-from typing import Protocol
+from typing import NoReturn, Protocol
 
 from absl import app, flags, logging
 from tqdm import tqdm
 
-from environments.bfcl.tasks import CATEGORIES, category_of, load_task
+from environments.bfcl.tasks import load_task
 from environments.episode import EpisodeConfig, EpisodeResult
 from environments.policies import NoActionPolicy, OraclePolicy
 from environments.pool import EnvPool, PoolConfig
 from environments.rendering import Message
+from environments.summary import write_report
 from environments.task import ToolTask
 
 
@@ -47,56 +51,8 @@ def run_episodes(
             texts = policy.act(observations)
             texts = [None if done else text for text, done in zip(texts, dones)]
             observations, dones = pool.step(texts)
-        results += pool.results().episodes
+        results += pool.results()
     return results
-
-
-def summarize(results: list[EpisodeResult]) -> dict:
-    """Returns accuracy per category present, their mean, the same with BFCL's irrelevance
-    check (`strict_accuracy`, see EpisodeResult.strict_success), and tag and cause histograms."""
-    by_category = collections.defaultdict(list)
-    for result in results:
-        by_category[category_of(result.task_id)].append(result)
-    metrics = {
-        "num_tasks": len(results),
-        "accuracy": {},
-        "strict_accuracy": {},
-        "tag_histogram": {},
-        "cause_histogram": {},
-    }
-    for category in [c for c in CATEGORIES if c in by_category]:
-        group = by_category[category]
-        metrics["accuracy"][category] = sum(r.success for r in group) / len(group)
-        metrics["strict_accuracy"][category] = sum(r.strict_success for r in group) / len(group)
-        tags = collections.Counter(tag for r in group for tag in r.turn_tags)
-        causes = collections.Counter(c for r in group for turn in r.turn_causes for c in turn)
-        metrics["tag_histogram"][category] = dict(sorted(tags.items()))
-        metrics["cause_histogram"][category] = dict(sorted(causes.items()))
-    accuracies = list(metrics["accuracy"].values())
-    metrics["mean_accuracy"] = sum(accuracies) / len(accuracies) if accuracies else 0.0
-    return metrics
-
-
-def write_report(workdir: str | Path, results: list[EpisodeResult], extra: dict) -> dict:
-    """Writes metrics.json and transcripts.jsonl into workdir; returns the metrics."""
-    workdir = Path(workdir)
-    workdir.mkdir(parents=True, exist_ok=True)
-    metrics = {**extra, **summarize(results)}
-    (workdir / "metrics.json").write_text(json.dumps(metrics, indent=2))
-    with (workdir / "transcripts.jsonl").open("w") as file:
-        for r in results:
-            record = {
-                "id": r.task_id,
-                "success": r.success,
-                "strict_success": r.strict_success,
-                "turn_tags": r.turn_tags,
-                "turn_causes": [sorted(causes) for causes in r.turn_causes],
-                "turn_error_kinds": r.turn_error_kinds,
-                "failure_reason": r.failure_reason,
-                "transcript": r.transcript,
-            }
-            file.write(json.dumps(record, ensure_ascii=False) + "\n")
-    return metrics
 
 
 def make_policy(
@@ -110,6 +66,35 @@ def make_policy(
     raise ValueError(f"unknown policy {name!r}; use 'oracle' or 'noop'")
 
 
+def fail(message: str) -> NoReturn:
+    """Prints one `error:` line on stderr and exits with status 2 (a user's mistake)."""
+    print(f"error: {' '.join(str(message).split())}", file=sys.stderr)
+    sys.exit(2)
+
+
+def parse_flags(argv: list[str]) -> list[str]:
+    """absl flag parsing that reports a bad, missing or stray flag as one `error:` line."""
+    try:
+        rest = flags.FLAGS(argv)
+    except flags.Error as e:
+        fail(e)
+    if len(rest) > 1:
+        fail(f"unexpected argument(s) {' '.join(rest[1:])!r}: flags are --name=value")
+    return rest
+
+
+def prepare_workdir(workdir: str) -> Path:
+    """Creates the work directory and checks that files can be written in it."""
+    path = Path(workdir).expanduser()
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=path):
+            pass
+    except OSError as e:
+        fail(f"cannot write to --workdir={workdir}: {e.strerror or e}")
+    return path
+
+
 def define_flags() -> None:
     """Flags of the evaluation commands (this module's and environments.suite.evaluate's)."""
     flags.DEFINE_enum("policy", "oracle", ["oracle", "noop"], "Scripted policy to evaluate.")
@@ -117,10 +102,10 @@ def define_flags() -> None:
     flags.DEFINE_string(
         "workdir", None, "Where metrics.json and transcripts.jsonl go.", required=True
     )
-    flags.DEFINE_integer("num_workers", 2, "Worker processes of the environment pool.")
-    flags.DEFINE_integer("batch_size", 64, "Episodes run together.")
-    flags.DEFINE_integer("max_model_calls", 20, "Assistant messages allowed per episode.")
-    flags.DEFINE_integer("limit", 0, "Evaluate only the first N tasks of the split (0: all).")
+    flags.DEFINE_integer("num_workers", 2, "Worker processes of the environment pool.", 1)
+    flags.DEFINE_integer("batch_size", 64, "Episodes run together.", 1)
+    flags.DEFINE_integer("max_model_calls", 20, "Assistant messages allowed per episode.", 1)
+    flags.DEFINE_integer("limit", 0, "Evaluate only the first N tasks of the split (0: all).", 0)
 
 
 def evaluate_split(env: str) -> None:
@@ -128,6 +113,7 @@ def evaluate_split(env: str) -> None:
     from environments.sources import get_source
 
     config, source = flags.FLAGS, get_source(env)
+    workdir = prepare_workdir(config.workdir)
     task_ids = source.split_ids(config.split)[: config.limit or None]
     policy = make_policy(config.policy, task_ids, source.load_task)
     episode = EpisodeConfig(mode="official", max_model_calls=config.max_model_calls)
@@ -135,9 +121,9 @@ def evaluate_split(env: str) -> None:
     with EnvPool(source.load_task, pool_config) as pool:
         results = run_episodes(policy, task_ids, pool, config.batch_size)
     extra = {"env": env, "policy": config.policy, "split": config.split, "interface": "plain"}
-    metrics = write_report(config.workdir, results, extra)
-    logging.info("accuracy %s mean %.4f", metrics["accuracy"], metrics["mean_accuracy"])
-    print(json.dumps({"accuracy": metrics["accuracy"], "mean": metrics["mean_accuracy"]}))
+    metrics = write_report(workdir, results, extra, source.categories)
+    logging.info("accuracy %s mean %.4f", metrics["accuracy"], metrics["mean"])
+    print(json.dumps({"accuracy": metrics["accuracy"], "mean": metrics["mean"]}))
 
 
 def main(argv: list[str]) -> None:
@@ -148,4 +134,4 @@ def main(argv: list[str]) -> None:
 
 if __name__ == "__main__":
     define_flags()
-    app.run(main)
+    app.run(main, flags_parser=parse_flags)

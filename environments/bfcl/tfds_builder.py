@@ -10,7 +10,9 @@ Build once (no TensorFlow needed), then read with `tfds.data_source`:
     task = environments.bfcl.tfds_builder.decode(source[0])  # -> ToolTask
 
 Each example holds the task id, its category, and the BFCL entry and possible answer as JSON,
-so that `decode` rebuilds the ToolTask exactly as `environments.bfcl.load_task` does.
+so that `decode` rebuilds the ToolTask exactly as `environments.bfcl.load_task` does. Reading a
+directory where the dataset was never built raises FileNotFoundError naming the command above
+(TFDS would otherwise try to build it in TFRecord format, which needs TensorFlow).
 """
 
 import json
@@ -23,9 +25,13 @@ from environments.bfcl.tasks import CATEGORIES, build_task, category_of, raw_ent
 from environments.task import ToolTask
 
 SPLITS = ("train", "eval")
+COMMAND = "python -m environments.bfcl.tfds_builder --data_dir={}"
 
 
-class BfclMultiTurn(tfds.core.GeneratorBasedBuilder):
+# Under `python -m` this file also runs as `__main__`: that copy of the class stays unregistered
+# (TFDS looks a builder's metadata up through its module's package, which `__main__` is not), and
+# the command runs the builder of `environments.bfcl.tfds_builder` (see the end of the file).
+class BfclMultiTurn(tfds.core.GeneratorBasedBuilder, skip_registration=__name__ == "__main__"):
     """BFCL v3 multi-turn (800 tasks): 400 train / 400 eval, 100 train per category."""
 
     VERSION = tfds.core.Version("1.0.0")
@@ -44,6 +50,18 @@ class BfclMultiTurn(tfds.core.GeneratorBasedBuilder):
             }
         )
         return self.dataset_info_from_configs(features=features, supervised_keys=None)
+
+    _building = False  # set by `build`: the only way the data gets prepared
+
+    def download_and_prepare(self, **kwargs) -> None:  # noqa: ANN003 (TFDS's keyword arguments)
+        """Prepares the data only when called by `build`; elsewhere (e.g. `tfds.data_source` on a
+        directory never built) raises FileNotFoundError naming the command that builds it."""
+        if not self._building and not self.data_path.exists():
+            raise FileNotFoundError(
+                f"bfcl_multi_turn {self.version} is not built in {self.data_dir_root}: "
+                f"run `{COMMAND.format(self.data_dir_root)}` first"
+            )
+        super().download_and_prepare(**kwargs)
 
     def _split_generators(self, dl_manager: tfds.download.DownloadManager) -> dict:
         """One generator per split; nothing is downloaded (the data ships with bfcl-eval)."""
@@ -75,6 +93,7 @@ def decode(example: dict) -> ToolTask:
 def build(data_dir: str) -> None:
     """Writes the dataset (array_record) into data_dir."""
     builder = BfclMultiTurn(data_dir=data_dir, file_format="array_record")
+    builder._building = True
     builder.download_and_prepare()
 
 
@@ -85,5 +104,7 @@ def main(argv: list[str]) -> None:
 
 
 if __name__ == "__main__":
+    from environments.bfcl import tfds_builder  # the registered builder (see BfclMultiTurn)
+
     flags.DEFINE_string("data_dir", None, "TFDS data directory.", required=True)
-    app.run(main)
+    app.run(tfds_builder.main)

@@ -3,12 +3,12 @@
     python -m environments.suite.evaluate --policy=oracle --split=eval --workdir=workdirs/suite
 
 The same command as `environments.bfcl.evaluate` (same flags, metrics.json and
-transcripts.jsonl), on the generated suite.
+transcripts.jsonl, user errors as one `error:` line), on the generated suite.
 """
 
 from absl import app
 
-from environments.bfcl.evaluate import define_flags, evaluate_split
+from environments.bfcl.evaluate import define_flags, evaluate_split, parse_flags
 
 
 def main(argv: list[str]) -> None:
@@ -19,4 +19,4 @@ def main(argv: list[str]) -> None:
 
 if __name__ == "__main__":
     define_flags()
-    app.run(main)
+    app.run(main, flags_parser=parse_flags)
