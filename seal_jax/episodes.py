@@ -7,6 +7,10 @@ tool calls and answers with observation messages; those are tokenized with the c
 separators and appended to the live rows, which continue from their KV cache. Rows whose episode
 is done, that exhaust the model-call budget or hit the context limit stop (and stop costing
 device time). At the end the pool verifies and diagnoses every episode.
+
+With several hosts (`collect_episodes`), each runs its contiguous share of the tasks on its own
+devices and pool, in chunks of at most `chunk_tasks` tasks with a seed of their own, and every
+host then holds the whole batch (so all take the same host-side decisions).
 """
 
 from __future__ import annotations
@@ -16,31 +20,29 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
+import jax
 import numpy as np
 
-from environments.pool import BatchResults, EnvPool, batch_results
+from environments.episode import EpisodeConfig, EpisodeResult
+from environments.pool import EnvPool, PoolConfig
+from environments.sources import TaskSource
+from seal_jax import distributed
 from seal_jax import rollout as rollout_lib
 from seal_jax.chat import ChatFormat
 
 
 @dataclasses.dataclass
 class EpisodeBatch:
-    """Token sequences and verdicts of B*G episodes (row r is task r // G).
+    """B*G episodes: row r is the r-th rollout (rows of one task are consecutive).
 
     Attributes:
-      task_ids: per row, its task.
-      sequences: per row, the engine's token sequence (ids, loss mask, sampler log-probs).
-      results: the pool's verdicts (rewards, tags, causes, transcripts).
-      num_calls: per row, the model turns generated.
-      stop_reasons: per row, why its last model turn stopped.
+      sequences: per row, the engine's token sequence (ids, loss mask, log-probs, stop reason).
+      results: per row, the pool's verdict (task, reward, tags, causes, transcript).
       timings: seconds spent in generation and in the environment.
     """
 
-    task_ids: list[str]
-    sequences: list[rollout_lib.Episode]
-    results: BatchResults
-    num_calls: np.ndarray
-    stop_reasons: list[str]
+    sequences: list[rollout_lib.TokenSequence]
+    results: list[EpisodeResult]
     timings: dict[str, float]
 
 
@@ -62,17 +64,17 @@ def _reply_text(chat: ChatFormat, ids: Sequence[int]) -> str:
     return chat.tokenizer.decode(ids, skip_special_tokens=False)
 
 
-def run_episodes(
+def generate_episodes(
     engine: rollout_lib.RolloutEngine,
+    params: Any,
     chat: ChatFormat,
     pool: EnvPool,
     task_ids: Sequence[str],
     num_samples: int,
     seed: int,
     renderer: Any = None,
-    max_new_tokens: int | None = None,
 ) -> EpisodeBatch:
-    """Runs `num_samples` episodes of every task to the end; see the module docstring."""
+    """Runs `num_samples` episodes of every task on this host to the end (module docstring)."""
     rows = [t for t in task_ids for _ in range(num_samples)]
     timings = {"generate_s": 0.0, "env_s": 0.0}
     t0 = time.perf_counter()
@@ -91,20 +93,16 @@ def run_episodes(
     timings["env_s"] += time.perf_counter() - t0
 
     t0 = time.perf_counter()
-    rollout = engine.start(prompts, num_samples=num_samples, seed=seed)
-    turns = rollout.generate(max_new_tokens=max_new_tokens)
+    rollout = engine.start(params, prompts, num_samples=num_samples, seed=seed)
+    turns = rollout.generate()
     timings["generate_s"] += time.perf_counter() - t0
-    num_calls = np.zeros(len(rows), np.int32)
-    stop_reasons = [rollout_lib.STOP] * len(rows)
     done = np.zeros(len(rows), bool)
     while turns:
         t0 = time.perf_counter()
         texts: list[str | None] = [None] * len(rows)
         for r, turn in turns.items():
-            stop_reasons[r] = turn.stop_reason
             if turn.stop_reason == rollout_lib.CONTEXT_LIMIT and not turn.ids:
                 continue  # no reply fits: the pool ends this episode as it stands
-            num_calls[r] += 1
             texts[r] = _reply_text(chat, turn.ids)
         pool.stop([r for r in turns if texts[r] is None])
         observations, done = pool.step(texts)
@@ -122,25 +120,104 @@ def run_episodes(
         if not env_ids:
             break
         t0 = time.perf_counter()
-        turns = rollout.generate(env_ids, max_new_tokens=max_new_tokens)
+        turns = rollout.generate(env_ids)
         timings["generate_s"] += time.perf_counter() - t0
     t0 = time.perf_counter()
     results = pool.results()
     timings["env_s"] += time.perf_counter() - t0
-    return EpisodeBatch(rows, rollout.episodes(), results, num_calls, stop_reasons, timings)
+    return EpisodeBatch(rollout.sequences(), results, timings)
 
 
 def concatenate(batches: Sequence[EpisodeBatch], parallel: bool) -> EpisodeBatch:
     """One batch from several, rows in order; timings add up (sequential chunks) or take the
     maximum (`parallel`: the same step on several hosts)."""
-    if len(batches) == 1:
-        return batches[0]
     combine = max if parallel else sum
     return EpisodeBatch(
-        task_ids=[t for b in batches for t in b.task_ids],
         sequences=[q for b in batches for q in b.sequences],
-        results=batch_results([e for b in batches for e in b.results.episodes]),
-        num_calls=np.concatenate([b.num_calls for b in batches]),
-        stop_reasons=[r for b in batches for r in b.stop_reasons],
-        timings={k: combine(b.timings[k] for b in batches) for k in batches[0].timings},
+        results=[r for b in batches for r in b.results],
+        timings={k: combine(b.timings[k] for b in batches) for k in ("generate_s", "env_s")},
     )
+
+
+def host_share(items: Sequence[Any]) -> list[Any]:
+    """This process's contiguous share of `items` (the first processes take one more when the
+    count does not divide evenly); all shares in process order give `items` back."""
+    n, p = jax.process_count(), jax.process_index()
+    size, extra = divmod(len(items), n)
+    start = p * size + min(p, extra)
+    return list(items[start : start + size + (p < extra)])
+
+
+def collect_episodes(
+    engine: rollout_lib.RolloutEngine,
+    params: Any,
+    chat: ChatFormat,
+    pool: EnvPool,
+    task_ids: Sequence[str],
+    num_samples: int,
+    *,
+    seed: int,
+    renderer: Any = None,
+    chunk_tasks: int = 0,
+) -> EpisodeBatch:
+    """Every host's episodes of `task_ids` (`num_samples` each), rows in task order.
+
+    This host runs its `host_share` in chunks of `chunk_tasks` tasks (0: one chunk), which
+    bounds the KV cache of one rollout; a chunk starting at task `start` of the share samples
+    with seed `(seed * 1024 + process index) * 1024 + start`.
+    """
+    if distributed.multi_process():  # rollouts are host-local: a copy on this host's devices
+        params = distributed.local_copy(params, engine.mesh)
+    mine = host_share(task_ids)
+    chunk = chunk_tasks or len(mine)
+    local = [
+        generate_episodes(
+            engine,
+            params,
+            chat,
+            pool,
+            mine[start : start + chunk],
+            num_samples,
+            seed=(seed * 1024 + jax.process_index()) * 1024 + start,
+            renderer=renderer,
+        )
+        for start in range(0, len(mine), chunk)
+    ]
+    gathered = distributed.allgather_objects(concatenate(local, parallel=False))
+    return concatenate(gathered, parallel=True)
+
+
+def open_pool(source: TaskSource, env_config: Any, mode: str) -> EnvPool:
+    """An environment pool over the source's tasks with `config.env`'s settings, in episode
+    `mode` ("training" or "official")."""
+    episode = EpisodeConfig(
+        mode=mode,
+        max_model_calls=env_config.max_model_calls,
+        call_time_limit_s=env_config.call_time_limit_s,
+    )
+    return EnvPool(
+        source.load_task, PoolConfig(num_workers=env_config.num_workers, episode=episode)
+    )
+
+
+def rollout_metrics(batch: EpisodeBatch) -> dict:
+    """Rewards, success per category, tag fractions, format-error and empty-reply rates, model
+    calls, context-limit stops and generated tokens of a batch."""
+    results = batch.results
+    per_cat: dict[str, list[float]] = {}
+    for result in results:
+        per_cat.setdefault(result.category, []).append(result.reward)
+    all_tags = [t for r in results for t in r.turn_tags]
+    kinds = [k for r in results for turn in r.turn_error_kinds for k in turn]
+    replies = [m for r in results for m in r.transcript if m["role"] == "assistant"]
+    stops = [s.stop_reason for s in batch.sequences]
+    return {
+        "reward_mean": float(np.mean([r.reward for r in results])),
+        "success": {c: float(np.mean(v)) for c, v in per_cat.items()},
+        "tag_fraction": {t: all_tags.count(t) / max(len(all_tags), 1) for t in set(all_tags)},
+        "format_error_rate": kinds.count("unparseable") / max(len(replies), 1),
+        "empty_reply_rate": sum(not m["content"].strip() for m in replies) / max(len(replies), 1),
+        "calls_per_episode": float(np.mean([r.model_calls for r in results])),
+        "context_limit_fraction": stops.count(rollout_lib.CONTEXT_LIMIT) / len(stops),
+        "tokens_generated": sum(int(s.loss_mask.sum()) for s in batch.sequences),
+    }

@@ -1,8 +1,8 @@
-"""The RL objective on device: GRPO advantages, the PPO-clip + KL policy loss (SEAL_METHOD.md 1, 6).
+"""The RL objective on device: GRPO advantages, the PPO-clip + KL policy loss (docs/method.md 1, 6).
 
-Per step: `grpo_advantages(rewards, group_ids)` -> the host turns tags into weights
-(`environments.weighting`) -> `weighted_advantages(advantages, weights)` -> the batch below ->
-`make_loss_fn(logprob_fn, config.rl)` -> `seal_jax.train_step.make_train_step`.
+Per step: `grpo_advantages(rewards, group_ids)` and the host's per-trajectory weights
+(`environments.weighting`) -> `weighted_advantages(advantages, weights, mode)` -> the batch below
+-> `make_loss_fn(logprob_fn, config.rl)` -> `seal_jax.train_step.make_train_step`.
 
 Batch layout (a dict; every array has the leading batch dim B, one row per trajectory, T the
 bucketed length; every per-token array is aligned to `targets`):
@@ -15,7 +15,7 @@ bucketed length; every per-token array is aligned to `targets`):
   loss_mask    [B, T] bool    True where `targets[:, t]` was sampled by the model
   old_logprobs [B, T] f32     log-prob of `targets` under the rollout policy
   ref_logprobs [B, T] f32     log-prob under the frozen reference (required when kl_coef > 0)
-  advantages   [B] or [B, T] f32   already-weighted advantage per trajectory, or per token
+  advantages   [B] f32        already-weighted advantage per trajectory
   loss_norm    [B] f32        optional: the step batch's loss normaliser, the same on every row
 
 Optionally, a prompt shared by each group of B / G consecutive rows (one task's rollouts), run
@@ -43,6 +43,10 @@ import jax.numpy as jnp
 
 LOSS_AGGS = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm")
 KL_ESTIMATORS = ("k1", "k2", "k3")
+# Which trajectories the diagnosis weights apply to: all, or those whose advantage is > 0 / < 0.
+WEIGHT_MODES = ("all", "positive", "negative")
+# The PPO ratio's denominator: a forward pass of the trainer, or the rollout engine's log-probs.
+OLD_LOGPROBS = ("recompute", "sampler")
 K3_MAX = 10.0  # verl clamps the low-variance KL estimate to [-10, 10]
 
 LogprobFn = Callable[..., jax.Array | tuple[jax.Array, jax.Array]]
@@ -94,26 +98,33 @@ def zero_advantage_group_fraction(rewards: jax.Array, group_ids: jax.Array) -> j
     return jnp.sum(jnp.where(constant, per_row_share, 0.0)) / jnp.sum(per_row_share)
 
 
-def weighted_advantages(advantages: jax.Array, weights: jax.Array) -> jax.Array:
-    """Returns `advantages * weights`, both [N]; weights are > 0 so signs are kept."""
+def weighted_advantages(advantages: jax.Array, weights: jax.Array, mode: str = "all") -> jax.Array:
+    """Returns `advantages * w`, float32 [N], from advantages and the host's weights [N].
+
+    `mode` (WEIGHT_MODES): "all" uses the weights as they are; "positive" / "negative" only where
+    the advantage is > 0 / < 0, 1 elsewhere (`w = 1 + (weights - 1) * mask`). Weights are > 0, so
+    signs are kept.
+    """
+    _check_choice("weighting mode", mode, WEIGHT_MODES)
     if jnp.shape(advantages) != jnp.shape(weights) or jnp.ndim(advantages) != 1:
         raise ValueError(
             f"need advantages and weights of shape [N]; got {jnp.shape(advantages)}, "
             f"{jnp.shape(weights)}"
         )
-    return jnp.asarray(advantages, jnp.float32) * jnp.asarray(weights, jnp.float32)
+    advantages = jnp.asarray(advantages, jnp.float32)
+    weights = jnp.asarray(weights, jnp.float32)
+    if mode != "all":
+        mask = advantages > 0 if mode == "positive" else advantages < 0
+        weights = jnp.where(mask, weights, 1.0)
+    return advantages * weights
 
 
 def token_advantages(advantages: jax.Array, loss_mask: jax.Array) -> jax.Array:
-    """Broadcasts advantages [B] (or per-token [B, T]) over the model tokens; returns [B, T]."""
+    """Broadcasts per-trajectory advantages [B] over the model tokens; returns [B, T]."""
     advantages = jnp.asarray(advantages, jnp.float32)
-    if advantages.shape not in ((loss_mask.shape[0],), loss_mask.shape):
-        raise ValueError(
-            f"advantages must be [B] or [B, T] = {loss_mask.shape}; got {advantages.shape}"
-        )
-    if advantages.ndim == 1:
-        advantages = advantages[:, None]
-    return jnp.where(loss_mask, advantages, 0.0)
+    if advantages.shape != loss_mask.shape[:1]:
+        raise ValueError(f"advantages must be [B] = {loss_mask.shape[:1]}; got {advantages.shape}")
+    return jnp.where(loss_mask, advantages[:, None], 0.0)
 
 
 def loss_normalizer(loss_mask: jax.Array, loss_agg: str) -> jax.Array:
@@ -173,7 +184,7 @@ def policy_loss(
 ) -> tuple[jax.Array, dict[str, jax.Array]]:
     """PPO-clip policy-gradient loss with a KL penalty and an optional entropy bonus.
 
-    Inputs are [B, T] and aligned (advantages may be [B]); gradients flow through `logprobs` (and
+    Inputs are [B, T] and aligned (advantages are [B]); gradients flow through `logprobs` (and
     `entropy`). Per token: `ratio = exp(clip(logp - old, +-log_ratio_clamp))`, the PPO term
     `max(-A ratio, -A clip(ratio, 1 - clip_low, 1 + clip_high))`, and for A < 0 the dual clip
     caps it at `-A dual_clip` (verl; 0 disables, otherwise it must exceed 1). Token terms

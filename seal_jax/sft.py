@@ -32,11 +32,11 @@ from environments.episode import Episode, EpisodeConfig
 from environments.policies import oracle_turns
 from environments.rendering import Renderer
 from environments.task import ToolTask
-from seal_jax import optim, sharding, train_step
+from seal_jax import optim, train_step
 from seal_jax.chat import ChatFormat
 from seal_jax.models import QwenConfig, init_params, save_hf_checkpoint, token_logprobs
 from seal_jax.models.checkpoint import hf_config_dict
-from seal_jax.trajectories import padded_length
+from seal_jax.trajectories import next_token_batch
 
 Transcript = tuple[np.ndarray, np.ndarray]  # (int32 ids [N], bool loss mask [N])
 
@@ -88,28 +88,12 @@ def oracle_transcripts(
 def sft_batch(
     transcripts: Sequence[Transcript], length_bucket: int, all_tokens: bool = False
 ) -> dict[str, np.ndarray]:
-    """Right-padded next-token batch (layout of `seal_jax.trajectories`) of whole transcripts.
-
-    Returns input_ids, positions, mask [B, T], and targets, loss_mask aligned to targets
-    (`loss_mask[:, t]` is True when the id at t + 1 is an assistant id, or any transcript id
-    when `all_tokens`).
-    """
-    b = len(transcripts)
-    t = padded_length([len(ids) for ids, _ in transcripts], length_bucket)
-    batch = {
-        "input_ids": np.zeros((b, t), np.int32),
-        "mask": np.zeros((b, t), bool),
-        "targets": np.zeros((b, t), np.int32),
-        "loss_mask": np.zeros((b, t), bool),
-    }
-    for row, (ids, loss_mask) in enumerate(transcripts):
-        n = len(ids)
-        batch["input_ids"][row, :n] = ids
-        batch["mask"][row, :n] = True
-        batch["targets"][row, : n - 1] = ids[1:]
-        batch["loss_mask"][row, : n - 1] = True if all_tokens else loss_mask[1:]
-    batch["positions"] = np.broadcast_to(np.arange(t, dtype=np.int32), (b, t)).copy()
-    return batch
+    """Right-padded next-token batch (`seal_jax.trajectories.next_token_batch`) of whole
+    transcripts: input_ids, positions, mask, targets and loss_mask [B, T], the loss on the
+    assistant ids (on every transcript id when `all_tokens`)."""
+    ids = [ids for ids, _ in transcripts]
+    masks = [np.ones(len(i), bool) if all_tokens else mask for i, mask in transcripts]
+    return next_token_batch(ids, masks, length_bucket)
 
 
 def _cross_entropy(
@@ -199,19 +183,15 @@ def warm_start(
             grad_accum=1,
         )
     )
-    param_shardings = jax.tree.map(lambda x: x.sharding, params)
-    state_shardings = optim.opt_state_shardings(optimizer, params, param_shardings)
-    step_fn = train_step.make_train_step(
+    step_fn, init_opt_state = train_step.make_update_step(
         functools.partial(
             _cross_entropy, cfg=model_config, dtype=dtype, chunk=chunk, scan_unroll=scan_unroll
         ),
         optimizer,
-        param_shardings,
-        sharding.batch_sharding(mesh, ndim=1),
-        state_shardings,
+        params,
+        mesh,
     )
-    with jax.set_mesh(mesh):
-        opt_state = jax.jit(optimizer.init, out_shardings=state_shardings)(params)
+    opt_state = init_opt_state(params)
     order = _batch_order(len(transcripts), steps * batch_size, seed)
     start, tokens = time.perf_counter(), 0
     for step in range(steps):

@@ -18,6 +18,7 @@ import numpy as np
 import optax
 from jax.sharding import NamedSharding, PartitionSpec
 
+from seal_jax import optim, sharding
 from seal_jax.rl import PROMPT_KEYS, loss_normalizer
 
 LossFn = Callable[[Any, Mapping[str, jax.Array]], tuple[jax.Array, dict[str, jax.Array]]]
@@ -75,3 +76,23 @@ def make_train_step(
         out_shardings=(param_shardings, opt_state_shardings, replicated),
         donate_argnums=(0, 1),
     )
+
+
+def make_update_step(
+    loss_fn: LossFn, optimizer: optax.GradientTransformation, params: Any, mesh: Any
+) -> tuple[TrainStep, Callable[[Any], Any]]:
+    """The jitted train step for parameters laid out as `params` are (batches over the mesh's
+    batch axes), and `init(params) -> optimizer state` sharded alike
+    (`seal_jax.optim.opt_state_shardings`). Returns (train_step, init)."""
+    param_shardings = jax.tree.map(lambda x: x.sharding, params)
+    state_shardings = optim.opt_state_shardings(optimizer, params, param_shardings)
+    step_fn = make_train_step(
+        loss_fn, optimizer, param_shardings, sharding.batch_sharding(mesh, ndim=1), state_shardings
+    )
+    init_fn = jax.jit(optimizer.init, out_shardings=state_shardings)
+
+    def init(params: Any) -> Any:
+        with jax.set_mesh(mesh):
+            return init_fn(params)
+
+    return step_fn, init

@@ -1,21 +1,21 @@
-"""Rollout sequences -> the padded training batch of `seal_jax.rl` (next-token layout).
+"""Token sequences -> the padded next-token batch of `seal_jax.rl` (training and warm start).
 
-Row b holds one episode's ids right-padded to a common length T (a multiple of
-`length_multiple`, so the update compiles for a few shapes only). `targets[:, t]` is the id at
-t + 1, and every per-token array is aligned to targets: `loss_mask[:, t]` is True when the id at
-t + 1 was sampled by the model, `sampler_logprobs[:, t]` is its log-prob under the sampler's
-untempered distribution (softmax of the engine's logits), which a recompute by the trainer
-should match up to numerics. With shared prompts (`train.share_prompt`), a GRPO group's prompt is
-held once and its rows start at the prompt's last id (`training_batch`).
+Row b holds one sequence's ids right-padded to a common length T (a multiple of
+`length_multiple`, so passes compile for a few shapes only). `targets[:, t]` is the id at t + 1,
+and every per-token array is aligned to targets: `loss_mask[:, t]` is True when the id at t + 1
+is trained on (sampled by the model, in RL), `rollout_logprobs[:, t]` is its log-prob under the
+rollout policy's untempered distribution (softmax of the engine's logits), which a recompute by
+the trainer should match up to numerics. With shared prompts (`train.share_prompt`), a GRPO
+group's prompt is held once and its rows start at the prompt's last id (`training_batch`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 import numpy as np
 
-from seal_jax.rollout import Episode
+from seal_jax.rollout import TokenSequence
 
 
 def padded_length(lengths: Sequence[int], multiple: int) -> int:
@@ -43,17 +43,54 @@ def update_rows(
     return rows, np.repeat(np.arange(len(groups)) < len(live), group_size)
 
 
+def next_token_batch(
+    token_ids: Sequence[np.ndarray],
+    loss_masks: Sequence[np.ndarray],
+    length_multiple: int,
+    starts: Sequence[int] | None = None,
+    per_token: Mapping[str, Sequence[np.ndarray]] | None = None,
+) -> dict[str, np.ndarray]:
+    """The right-padded next-token batch of some id sequences.
+
+    Row b holds `token_ids[b][starts[b]:]` (default start 0), its positions counting on from the
+    start. Returns input_ids, positions, mask [B, T], and, aligned to targets, targets, loss_mask
+    (`loss_masks[b]` shifted by one) and each array of `per_token` (name -> one float array per
+    sequence, shifted alike).
+    """
+    starts = np.zeros(len(token_ids), np.int64) if starts is None else np.asarray(starts)
+    per_token = dict(per_token or {})
+    b = len(token_ids)
+    t = padded_length([len(ids) - st for ids, st in zip(token_ids, starts)], length_multiple)
+    batch = {
+        "input_ids": np.zeros((b, t), np.int32),
+        "mask": np.zeros((b, t), bool),
+        "targets": np.zeros((b, t), np.int32),
+        "loss_mask": np.zeros((b, t), bool),
+        **{name: np.zeros((b, t), np.float32) for name in per_token},
+    }
+    for row, (ids, start) in enumerate(zip(token_ids, starts)):
+        n = len(ids) - start
+        batch["input_ids"][row, :n] = ids[start:]
+        batch["mask"][row, :n] = True
+        batch["targets"][row, : n - 1] = ids[start + 1 :]
+        batch["loss_mask"][row, : n - 1] = loss_masks[row][start + 1 :]
+        for name, values in per_token.items():
+            batch[name][row, : n - 1] = values[row][start + 1 :]
+    batch["positions"] = (starts[:, None] + np.arange(t)[None, :]).astype(np.int32)
+    return batch
+
+
 def training_batch(
-    sequences: Sequence[Episode],
+    sequences: Sequence[TokenSequence],
     advantages: np.ndarray,
     length_multiple: int,
     group_size: int = 0,
 ) -> dict[str, np.ndarray]:
-    """The rl.py batch for these episodes, with per-row (already weighted) advantages [B].
+    """The rl.py batch of these rollout sequences, with per-row (already weighted) advantages [B].
 
-    Returns input_ids, positions, mask, targets, loss_mask, advantages and sampler_logprobs (the
-    rollout's own untempered log-probs: the old log-probs with rl.old_logprobs="sampler", else
-    logged against the recomputed ones).
+    Returns `next_token_batch`'s arrays with `rollout_logprobs` (the engine's untempered
+    log-probs: the old log-probs with rl.old_logprobs="sampler", else logged against the
+    recomputed ones), and advantages.
 
     group_size > 0: each run of `group_size` consecutive rows (one task's rollouts) shares its
     prompt, which the batch then holds once per group, less its last id, as prompt_ids,
@@ -68,30 +105,20 @@ def training_batch(
     if group_size:
         prompts = _group_prompts(sequences, group_size)
         starts = np.repeat([len(p) for p in prompts], group_size)
-    b = len(sequences)
-    t = padded_length([len(s.token_ids) - st for s, st in zip(sequences, starts)], length_multiple)
-    batch = {
-        "input_ids": np.zeros((b, t), np.int32),
-        "mask": np.zeros((b, t), bool),
-        "targets": np.zeros((b, t), np.int32),
-        "loss_mask": np.zeros((b, t), bool),
-        "sampler_logprobs": np.zeros((b, t), np.float32),
-    }
-    for row, (seq, start) in enumerate(zip(sequences, starts)):
-        n = len(seq.token_ids) - start
-        batch["input_ids"][row, :n] = seq.token_ids[start:]
-        batch["mask"][row, :n] = True
-        batch["targets"][row, : n - 1] = seq.token_ids[start + 1 :]
-        batch["loss_mask"][row, : n - 1] = seq.loss_mask[start + 1 :]
-        batch["sampler_logprobs"][row, : n - 1] = seq.raw_logprobs[start + 1 :]
-    batch["positions"] = (starts[:, None] + np.arange(t)[None, :]).astype(np.int32)
+    batch = next_token_batch(
+        [s.token_ids for s in sequences],
+        [s.loss_mask for s in sequences],
+        length_multiple,
+        starts,
+        {"rollout_logprobs": [s.policy_logprobs for s in sequences]},
+    )
     batch["advantages"] = np.asarray(advantages, np.float32)
     if group_size:
         batch.update(_prompt_arrays(prompts, length_multiple))
     return batch
 
 
-def _group_prompts(sequences: Sequence[Episode], group_size: int) -> list[np.ndarray]:
+def _group_prompts(sequences: Sequence[TokenSequence], group_size: int) -> list[np.ndarray]:
     """Each group's shared prompt ids less the last one (which starts every row of the group)."""
     if len(sequences) % group_size:
         raise ValueError(f"{len(sequences)} rows do not make whole groups of {group_size}")

@@ -105,10 +105,10 @@ def test_policy_loss_matches_reference(loss_agg, kl_estimator):
 
 
 def test_dual_clip_caps_negative_advantage_loss():
-    logprobs = jnp.log(jnp.array([[5.0, 5.0, 0.5]]))  # ratios 5, 5, 0.5 against old log-prob 0
-    old = jnp.zeros((1, 3))
-    mask = jnp.ones((1, 3), bool)
-    advantages = jnp.array([[-1.0, 1.0, -1.0]])
+    logprobs = jnp.log(jnp.array([[5.0], [5.0], [0.5]]))  # ratios 5, 5, 0.5 against old 0
+    old = jnp.zeros((3, 1))
+    mask = jnp.ones((3, 1), bool)
+    advantages = jnp.array([-1.0, 1.0, -1.0])
     options = dict(kl_coef=0.0, dual_clip=3.0, loss_agg="token-mean")
     loss, metrics = rl.policy_loss(logprobs, old, advantages, mask, **options)
     per_token = [3.0, -1.2, 0.8]  # capped at |A| * 3; clipped at 1 + 0.2; clipped at 1 - 0.2
@@ -148,6 +148,8 @@ def test_bad_input_raises():
         rl.policy_loss(x, jnp.zeros((2, 4)), x, mask, kl_coef=0.0)
     with pytest.raises(ValueError, match="advantages"):
         rl.policy_loss(x, x, jnp.zeros(3), mask, kl_coef=0.0)
+    with pytest.raises(ValueError, match="advantages"):  # per-trajectory only, never per token
+        rl.policy_loss(x, x, x, mask, kl_coef=0.0)
     with pytest.raises(ValueError, match="dual_clip"):
         rl.policy_loss(x, x, x, mask, kl_coef=0.0, dual_clip=0.5)
     with pytest.raises(ValueError, match="ref_logprobs"):

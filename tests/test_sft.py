@@ -17,7 +17,7 @@ from environments.suite import load_task, load_tasks
 from seal_jax import modes, sft
 from seal_jax import rollout as rollout_lib
 from seal_jax.chat import ChatFormat
-from seal_jax.episodes import run_episodes
+from seal_jax.episodes import generate_episodes
 from seal_jax.models import forward_logits, load_hf_checkpoint
 from tests.devices import run_with_devices
 
@@ -54,15 +54,14 @@ class _ScriptedRollout:
             turns[r] = rollout_lib.Turn(ids, zeros, zeros, rollout_lib.STOP)
         return turns
 
-    def episodes(self):
+    def sequences(self):
         return [
-            rollout_lib.Episode(
+            rollout_lib.TokenSequence(
                 token_ids=np.asarray(tokens, np.int32),
                 loss_mask=np.asarray(sampled, bool),
-                logprobs=np.zeros(len(tokens), np.float32),
-                raw_logprobs=np.zeros(len(tokens), np.float32),
+                sampling_logprobs=np.zeros(len(tokens), np.float32),
+                policy_logprobs=np.zeros(len(tokens), np.float32),
                 prompt_len=n,
-                num_turns=0,
                 stop_reason=rollout_lib.STOP,
             )
             for tokens, sampled, n in zip(self.tokens, self.sampled, self.prompt_lens)
@@ -75,8 +74,8 @@ class _ScriptedEngine:
     def __init__(self, replies: list[list[list[int]]]) -> None:
         self.replies = replies
 
-    def start(self, prompts, num_samples, seed):
-        assert num_samples == 1
+    def start(self, params, prompts, num_samples, seed):
+        assert num_samples == 1 and params is None
         return _ScriptedRollout(prompts, self.replies)
 
 
@@ -108,8 +107,8 @@ def test_transcripts_equal_the_driver_sequences_of_the_oracle(chat):
     replies = [[chat.encode(m) + [chat.end_of_turn_id] for m in _oracle_messages(t)] for t in tasks]
     pool_config = PoolConfig(num_workers=1, episode=EpisodeConfig(mode="training"))
     with EnvPool(load_task, pool_config) as pool:
-        batch = run_episodes(_ScriptedEngine(replies), chat, pool, TASK_IDS, 1, seed=0)
-    np.testing.assert_array_equal(batch.results.rewards, np.ones(len(TASK_IDS)))
+        batch = generate_episodes(_ScriptedEngine(replies), None, chat, pool, TASK_IDS, 1, seed=0)
+    assert [r.reward for r in batch.results] == [1.0] * len(TASK_IDS)
     for (ids, mask), driven in zip(transcripts, batch.sequences):
         np.testing.assert_array_equal(ids, driven.token_ids)
         np.testing.assert_array_equal(mask, driven.loss_mask)

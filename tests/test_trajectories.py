@@ -6,11 +6,11 @@ import numpy as np
 import pytest
 
 from seal_jax import rl
-from seal_jax.rollout import Episode
+from seal_jax.rollout import TokenSequence
 from seal_jax.trajectories import training_batch, update_rows
 
 
-def test_batch_aligns_ids_masks_and_untempered_sampler_logprobs_to_targets():
+def test_batch_aligns_ids_masks_and_untempered_rollout_logprobs_to_targets():
     rng = np.random.default_rng(0)
     episodes = []
     for n in (5, 9):
@@ -18,13 +18,12 @@ def test_batch_aligns_ids_masks_and_untempered_sampler_logprobs_to_targets():
         sampled[0] = False  # the first id is always prompt
         raw = np.where(sampled, -rng.random(n), 0).astype(np.float32)
         episodes.append(
-            Episode(
+            TokenSequence(
                 token_ids=rng.integers(1, 50, n).astype(np.int32),
                 loss_mask=sampled,
-                logprobs=np.where(sampled, raw - 1, 0).astype(np.float32),  # tempered: differ
-                raw_logprobs=raw,
+                sampling_logprobs=np.where(sampled, raw - 1, 0).astype(np.float32),  # tempered
+                policy_logprobs=raw,
                 prompt_len=1,
-                num_turns=1,
                 stop_reason="stop",
             )
         )
@@ -36,16 +35,18 @@ def test_batch_aligns_ids_masks_and_untempered_sampler_logprobs_to_targets():
         np.testing.assert_array_equal(batch["input_ids"][row, :n], ep.token_ids)
         np.testing.assert_array_equal(batch["targets"][row, : n - 1], ep.token_ids[1:])
         np.testing.assert_array_equal(batch["loss_mask"][row, : n - 1], ep.loss_mask[1:])
-        np.testing.assert_array_equal(batch["sampler_logprobs"][row, : n - 1], ep.raw_logprobs[1:])
+        np.testing.assert_array_equal(
+            batch["rollout_logprobs"][row, : n - 1], ep.policy_logprobs[1:]
+        )
         assert not batch["mask"][row, n:].any() and not batch["loss_mask"][row, n - 1 :].any()
-        assert not batch["sampler_logprobs"][row, n - 1 :].any()
+        assert not batch["rollout_logprobs"][row, n - 1 :].any()
 
 
 def _episode(rng, prompt, n_after):
     sampled = np.concatenate([np.zeros(len(prompt), bool), rng.random(n_after) < 0.6])
     ids = np.concatenate([prompt, rng.integers(1, 50, n_after)]).astype(np.int32)
     raw = np.where(sampled, -rng.random(len(ids)), 0).astype(np.float32)
-    return Episode(ids, sampled, raw, raw, len(prompt), 1, "stop")
+    return TokenSequence(ids, sampled, raw, raw, len(prompt), "stop")
 
 
 def test_shared_prompt_batch_holds_each_prompt_once_and_the_same_loss_tokens():
@@ -65,7 +66,7 @@ def test_shared_prompt_batch_holds_each_prompt_once_and_the_same_loss_tokens():
         np.testing.assert_array_equal(shared["input_ids"][row, :n], ep.token_ids[start:])
         np.testing.assert_array_equal(shared["positions"][row, :n], start + np.arange(n))
         assert not shared["mask"][row, n:].any()
-        for key in ("targets", "loss_mask", "sampler_logprobs"):
+        for key in ("targets", "loss_mask", "rollout_logprobs"):
             np.testing.assert_array_equal(
                 shared[key][row, : n - 1], whole[key][row, start : start + n - 1], err_msg=key
             )

@@ -4,19 +4,19 @@ import numpy as np
 import pytest
 
 from configs.tiny_test import get_config
-from seal_jax import modes, trainer
+from seal_jax import modes, update
 
 VOCAB = 860  # below the suite tokenizer's vocabulary (suite_model's embedding rows)
 
 
 @pytest.fixture(scope="module")
-def run(suite_model, tmp_path_factory):
+def updater(suite_model):
     c = get_config()
     c.model.path = suite_model
     c.train.mini_batch_tasks = 2
     c.rl.group_size = 2
     c.train.length_bucket = 16
-    return trainer.build(c, modes.load_policy(c), str(tmp_path_factory.mktemp("work")))
+    return update.build_updater(c, modes.load_policy(c))
 
 
 def _ragged_batch(lengths, width):
@@ -29,10 +29,10 @@ def _ragged_batch(lengths, width):
     return {"input_ids": ids, "mask": mask, "targets": targets, "positions": positions}
 
 
-def test_rows_are_grouped_by_length_and_padded_to_their_own_bucket(run):
+def test_rows_are_grouped_by_length_and_padded_to_their_own_bucket(updater):
     lengths = [5, 60, 20, 61, 7, 33, 64, 18]
     batch = _ragged_batch(lengths, 64)
-    parts = trainer._mini_batches(run, batch, list(batch))
+    parts = update.mini_batches(updater, batch, list(batch))
     seen = np.sort(np.concatenate([idx for idx, _ in parts]))
     np.testing.assert_array_equal(seen, np.arange(len(lengths)))  # every row exactly once
     groups = [sorted(np.asarray(lengths)[idx].tolist()) for idx, _ in parts]
@@ -44,7 +44,7 @@ def test_rows_are_grouped_by_length_and_padded_to_their_own_bucket(run):
         )
 
 
-def test_with_shared_prompts_mini_batches_keep_whole_groups(run):
+def test_with_shared_prompts_mini_batches_keep_whole_groups(updater):
     lengths = [5, 60, 20, 61, 7, 33, 64, 18]  # groups of 2: longest rows 60, 61, 33, 64
     batch = _ragged_batch(lengths, 64)
     prompt_lengths = np.asarray([3, 40, 17, 9])
@@ -53,7 +53,7 @@ def test_with_shared_prompts_mini_batches_keep_whole_groups(run):
         np.int32
     )
     batch["prompt_positions"] = np.broadcast_to(np.arange(48, dtype=np.int32), (4, 48)).copy()
-    parts = trainer._mini_batches(run, batch, list(batch))
+    parts = update.mini_batches(updater, batch, list(batch))
     assert [idx.tolist() for idx, _ in parts] == [[6, 7, 2, 3], [0, 1, 4, 5]]
     assert [part["input_ids"].shape[1] for _, part in parts] == [64, 64]
     # prompts of 9 and 40 tokens, then 3 and 17: each part padded to its own bucket of 16
@@ -71,6 +71,6 @@ def test_prompts_are_shared_only_when_micro_batch_groups_split_over_the_shards(
 ):
     c = get_config()
     c.train.mini_batch_tasks, c.optim.grad_accum = tasks, accum
-    assert trainer._can_share_prompt(c, shards) is shared
+    assert update.can_share_prompt(c, shards) is shared
     c.train.share_prompt = False
-    assert trainer._can_share_prompt(c, shards) is False
+    assert update.can_share_prompt(c, shards) is False

@@ -1,0 +1,117 @@
+"""One SEAL step in process: the wiring from episodes to the update, against a hand derivation.
+
+The episodes are scripted (designed rewards and tags, token sequences on the tiny policy's
+vocabulary), so every quantity between them and the optimizer is known: rewards, the failure
+profile, utilities (re-derived by tests.test_weighting's independent reference), trajectory
+weights, GRPO advantages, and which rows the update trains on.
+"""
+
+import numpy as np
+import pytest
+
+from configs.tiny_test import get_config
+from environments.episode import EpisodeResult
+from seal_jax import episodes, modes, trainer, trajectories
+from seal_jax import update as update_lib
+from seal_jax.rollout import STOP, TokenSequence
+from tests.test_weighting import reference_update, reference_weight
+
+# Three tasks, two rollouts each: group 0 and group 2 have one success, group 1 none.
+TAGS = [
+    ["pass", "pass"],
+    ["state_mismatch", "pass"],
+    ["spurious_tool_call"],
+    ["instance_mismatch", "gt_error"],
+    ["empty_turn_model_response"],
+    ["pass"],
+]
+SUCCESS = [True, False, False, False, False, True]
+
+
+def scripted_batch(task_ids, group_size):
+    """An EpisodeBatch of the step's tasks: one shared prompt per task, a sampled reply each."""
+    rng = np.random.default_rng(0)
+    sequences, results = [], []
+    for row, (tags, success) in enumerate(zip(TAGS, SUCCESS, strict=True)):
+        task = task_ids[row // group_size]
+        prompt = np.arange(5, 25, dtype=np.int32) + row // group_size
+        reply = rng.integers(30, 800, 6 + row).astype(np.int32)
+        ids = np.concatenate([prompt, reply])
+        sampled = np.arange(len(ids)) >= len(prompt)
+        logprobs = np.where(sampled, -2.0, 0.0).astype(np.float32)
+        sequences.append(TokenSequence(ids, sampled, logprobs, logprobs, len(prompt), STOP))
+        causes = [set() for _ in tags]
+        results.append(EpisodeResult(task, "base", success, tags, causes, [[] for _ in tags]))
+    return episodes.EpisodeBatch(sequences, results, {"generate_s": 1.0, "env_s": 0.0})
+
+
+def grpo_reference(rewards, group_size, eps):
+    out = []
+    for group in np.asarray(rewards, np.float64).reshape(-1, group_size):
+        if group.max() == group.min():
+            out += [0.0] * group_size
+        else:
+            out += list((group - group.mean()) / (group.std(ddof=1) + eps))
+    return np.asarray(out)
+
+
+@pytest.fixture
+def run(suite_model, tmp_path):
+    c = get_config()
+    c.model.path = suite_model
+    c.env.name = "suite"
+    c.train.batch_tasks, c.train.mini_batch_tasks = 3, 1
+    c.rl.drop_constant_groups = True
+    c.train.length_bucket = 16
+    c.rl.kl_coef = 0.0
+    return trainer.build(c, modes.load_policy(c), str(tmp_path))
+
+
+def test_one_step_weights_advantages_and_update_rows(run, monkeypatch):
+    cfg = run.config
+    seen = {}
+
+    def collect(engine, params, chat, pool, task_ids, num_samples, **kwargs):
+        seen["tasks"], seen["seed"] = task_ids, kwargs["seed"]
+        return scripted_batch(task_ids, num_samples)
+
+    def update(updater, params, opt_state, sequences, advantages, ref_params):
+        seen["advantages"] = np.asarray(advantages)
+        return real_update(updater, params, opt_state, sequences, advantages, ref_params)
+
+    def batch(sequences, advantages, *args, **kwargs):
+        seen["rows"] = [int(s.token_ids[20]) for s in sequences]  # first reply id, unique per row
+        return real_batch(sequences, advantages, *args, **kwargs)
+
+    real_update, real_batch = update_lib.update_policy, trajectories.training_batch
+    monkeypatch.setattr(episodes, "collect_episodes", collect)
+    monkeypatch.setattr(update_lib, "update_policy", update)
+    monkeypatch.setattr(trajectories, "training_batch", batch)
+
+    state = trainer.initial_state(run)
+    before = trainer.checksum(state.params)
+    metrics = trainer.train_one_step(run, state, pool=None, ref_params=None)
+
+    assert seen["tasks"] == trainer.step_tasks(cfg, run.source, 0) and state.step == 1
+    assert seen["seed"] == cfg.seed * 1_000_003
+    # Feedback: the profile and the utilities after one closed-loop step from rho0.
+    rewards = [float(s) for s in SUCCESS]
+    rho0 = dict(cfg.weighting.rho0)
+    expected_rho = reference_update(rho0, list(zip(TAGS, rewards)), rho0)
+    assert state.profile.tags.total_count["pass"] == 4
+    assert state.weighting.utilities == pytest.approx(expected_rho, abs=1e-12)
+    weights = np.asarray([reference_weight(tags, expected_rho) for tags in TAGS])
+    np.testing.assert_allclose(metrics["weights"]["weight_mean"], weights.mean(), rtol=1e-6)
+    assert state.interface.state.step == 1
+    # Advantages: GRPO per task, times the weights; group 1 (no success) has none.
+    advantages = grpo_reference(rewards, cfg.rl.group_size, cfg.rl.adv_eps) * weights
+    np.testing.assert_allclose(seen["advantages"], advantages, rtol=1e-6)
+    assert np.all(np.sign(seen["advantages"]) == [1, -1, 0, 0, -1, 1])
+    # Update rows: groups 0 and 2 only (drop_constant_groups), one optimizer step each.
+    expected_rows = [int(s.token_ids[20]) for s in scripted_batch(seen["tasks"], 2).sequences]
+    assert seen["rows"] == [expected_rows[i] for i in (0, 1, 4, 5)]
+    assert metrics["update_groups"] == 2 and metrics["zero_adv_group_fraction"] == pytest.approx(
+        1 / 3
+    )
+    assert metrics["loss"]["loss_tokens"] > 0
+    assert trainer.checksum(state.params) != before
