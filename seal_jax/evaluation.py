@@ -48,7 +48,14 @@ def evaluate(
     t0 = time.perf_counter()
     with episodes.open_pool(source, config.env, "official") as pool:
         batch = episodes.collect_episodes(
-            engine, params, chat, pool, ids, 1, seed=step, chunk_tasks=config.train.eval_batch_tasks
+            engine,
+            params,
+            chat,
+            pool,
+            task_ids=ids,
+            num_samples=1,
+            seed=step,
+            chunk_tasks=config.train.eval_batch_tasks,
         )
     metrics = {**summarize(batch.results, source.categories), "seconds": time.perf_counter() - t0}
     logging.info(

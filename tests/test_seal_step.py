@@ -71,8 +71,8 @@ def test_one_step_weights_advantages_and_update_rows(run, monkeypatch):
     cfg = run.config
     seen = {}
 
-    def collect(engine, params, chat, pool, task_ids, num_samples, **kwargs):
-        seen["tasks"], seen["seed"] = task_ids, kwargs["seed"]
+    def collect(engine, params, chat, pool, *, task_ids, num_samples, seed, **kwargs):
+        seen["tasks"], seen["seed"] = task_ids, seed
         return scripted_batch(task_ids, num_samples)
 
     def update(updater, params, opt_state, sequences, advantages, ref_params):
