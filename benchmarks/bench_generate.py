@@ -6,8 +6,8 @@ untimed warm-up run each. "jax compile s" is the time JAX spent tracing, lowerin
 during the engine's warm-up run, as JAX itself reports it (`jax.monitoring` events), not the
 difference of two wall times, which contention or a warm compilation cache can make negative.
 
-    python benchmarks/bench_generate.py                      # small + qwen2.5-0.5b, batch 1 and 16
-    python benchmarks/bench_generate.py --models=small --batches=1,16,64 --new_tokens=128
+    python -m benchmarks.bench_generate                      # small + qwen2.5-0.5b, batch 1 and 16
+    python -m benchmarks.bench_generate --models=small --batches=1,16,64 --new_tokens=128
 """
 
 from __future__ import annotations

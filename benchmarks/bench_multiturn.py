@@ -8,8 +8,8 @@ For each history length H, a live row holding H tokens (prompt + a first reply) 
     (what an engine without a live cache, or one that re-renders the conversation, pays).
 Every shape is compiled by an untimed run first. Random weights, float32, greedy, batch 1.
 
-    python benchmarks/bench_multiturn.py                          # small model, H = 512 .. 8192
-    python benchmarks/bench_multiturn.py --shape=qwen2.5-0.5b --histories=512,2048
+    python -m benchmarks.bench_multiturn                          # small model, H = 512 .. 8192
+    python -m benchmarks.bench_multiturn --shape=qwen2.5-0.5b --histories=512,2048
 """
 
 from __future__ import annotations

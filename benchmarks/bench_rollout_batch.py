@@ -7,8 +7,8 @@ compiles), for each (rows, cache slots) pair, on the suite's tiny policy (random
 does not depend on them). The time includes the shared prompt prefill and the copy of each
 prompt's cache row to its 8 samples, so it is what a rollout's first turn costs.
 
-    PYTHONPATH=. .venv/bin/python benchmarks/bench_rollout_batch.py
-    PYTHONPATH=. .venv/bin/python benchmarks/bench_rollout_batch.py --rows=256 --caches=1024
+    python -m benchmarks.bench_rollout_batch
+    python -m benchmarks.bench_rollout_batch --rows=256 --caches=1024
 """
 
 from __future__ import annotations
