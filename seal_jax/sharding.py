@@ -1,9 +1,15 @@
-"""Device mesh and partition rules.
+"""Device mesh, partition rules of the parameters, and activation layouts.
 
 Mesh axes: `data` and `fsdp` split the batch; `fsdp` also splits the model dimension of every
-weight (ZeRO-3 style, gathered per layer by XLA); `tensor` splits heads, the MLP width and the
-vocabulary (Megatron style). Every parameter kind has a rule; a parameter without one is an error,
-so a new architecture cannot silently end up replicated.
+weight (ZeRO-3 style); `tensor` splits heads, the MLP width and the vocabulary (Megatron style).
+Every parameter kind has a rule; a parameter without one is an error, so a new architecture
+cannot silently end up replicated.
+
+Activations carry their layout too (`constrain`, with the logical axes of ACTIVATION_AXES): the
+batch stays split over (data, fsdp) through every layer. Without that XLA follows the weights'
+layout, splits activations on the model dimension and gathers them over the whole global batch;
+with it, each layer's weights are gathered just in time instead, so per-chip activation memory
+does not grow with the chip count (FSDP).
 """
 
 from __future__ import annotations
@@ -20,6 +26,8 @@ from jax.sharding import PartitionSpec as P
 
 MESH_AXES = ("data", "fsdp", "tensor")
 BATCH_AXES = ("data", "fsdp")
+# Logical activation axes -> mesh axes; a logical axis not listed (or None) is not split.
+ACTIVATION_AXES = {"batch": BATCH_AXES, "heads": "tensor", "mlp": "tensor", "vocab": "tensor"}
 
 # (regex on the "/"-joined parameter path, spec of the parameter's own (unstacked) dims).
 PARAM_RULES: tuple[tuple[str, tuple[Any, ...]], ...] = (
@@ -109,3 +117,21 @@ def batch_sharding(mesh: Mesh, ndim: int = 2) -> NamedSharding:
 def replicated(mesh: Mesh) -> NamedSharding:
     """Fully replicated sharding (scalars, small tables)."""
     return NamedSharding(mesh, P())
+
+
+def constrain(x: jax.Array, *logical: str | None) -> jax.Array:
+    """x laid out by its logical axes (ACTIVATION_AXES) on the mesh being traced under.
+
+    A no-op outside a mesh context (`jax.set_mesh`) and on one device. Mesh axes that do not
+    divide their dimension are left out, so any shape stays legal.
+    """
+    mesh = jax.sharding.get_abstract_mesh()
+    if mesh.empty or mesh.size == 1:
+        return x
+    spec = []
+    for dim, name in zip(x.shape, logical):
+        axes = ACTIVATION_AXES.get(name) if name else None
+        axes = (axes,) if isinstance(axes, str) else tuple(axes or ())
+        size = int(np.prod([mesh.shape[a] for a in axes])) if axes else 1
+        spec.append(axes if axes and size > 1 and dim % size == 0 else None)
+    return jax.lax.with_sharding_constraint(x, P(*spec))

@@ -32,6 +32,7 @@ import jax
 import jax.numpy as jnp
 
 from seal_jax.models.config import QwenConfig
+from seal_jax.sharding import constrain
 
 Params = Any
 Cache = dict[str, jax.Array]
@@ -210,9 +211,9 @@ class SelfAttention(nn.Module):
         q = _dense(cfg.num_heads * hd, "q_proj", dt, pdt, cfg.qkv_bias)(x)
         k = _dense(cfg.num_kv_heads * hd, "k_proj", dt, pdt, cfg.qkv_bias)(x)
         v = _dense(cfg.num_kv_heads * hd, "v_proj", dt, pdt, cfg.qkv_bias)(x)
-        q = q.reshape(b, t, cfg.num_heads, hd)
-        k = k.reshape(b, t, cfg.num_kv_heads, hd)
-        v = v.reshape(b, t, cfg.num_kv_heads, hd)
+        q = constrain(q.reshape(b, t, cfg.num_heads, hd), "batch", None, "heads", None)
+        k = constrain(k.reshape(b, t, cfg.num_kv_heads, hd), "batch", None, "heads", None)
+        v = constrain(v.reshape(b, t, cfg.num_kv_heads, hd), "batch", None, "heads", None)
         if cfg.qk_norm:
             q = RMSNorm(cfg.rms_norm_eps, dt, pdt, name="q_norm")(q)
             k = RMSNorm(cfg.rms_norm_eps, dt, pdt, name="k_norm")(k)
@@ -232,7 +233,7 @@ class SelfAttention(nn.Module):
         else:
             out = causal_attention(q, k, v, ctx["key_mask"], self.attn_chunk)
             new_cache = (k, v) if "return_kv" in ctx else None
-        out = out.reshape(b, t, cfg.num_heads * hd)
+        out = constrain(out, "batch", None, "heads", None).reshape(b, t, cfg.num_heads * hd)
         return _dense(cfg.hidden_size, "o_proj", dt, pdt)(out), new_cache
 
 
@@ -247,8 +248,8 @@ class Mlp(nn.Module):
     def __call__(self, x: jax.Array) -> jax.Array:
         """x [B,T,E] -> [B,T,E]."""
         f, dt, pdt = self.cfg.intermediate_size, self.dtype, self.param_dtype
-        gate = _dense(f, "gate_proj", dt, pdt)(x)
-        up = _dense(f, "up_proj", dt, pdt)(x)
+        gate = constrain(_dense(f, "gate_proj", dt, pdt)(x), "batch", None, "mlp")
+        up = constrain(_dense(f, "up_proj", dt, pdt)(x), "batch", None, "mlp")
         return _dense(self.cfg.hidden_size, "down_proj", dt, pdt)(nn.silu(gate) * up)
 
 
@@ -264,12 +265,13 @@ class DecoderLayer(nn.Module):
     def __call__(self, x: jax.Array, layer_cache: Any, ctx: dict) -> tuple[jax.Array, Any]:
         """x [B,T,E] -> (x', updated (k, v) cache slice or None)."""
         eps, dt, pdt = self.cfg.rms_norm_eps, self.dtype, self.param_dtype
+        x = constrain(x, "batch", None, None)
         h = RMSNorm(eps, dt, pdt, name="input_layernorm")(x)
         attn = SelfAttention(self.cfg, dt, pdt, self.attn_chunk, name="self_attn")
         a, new_cache = attn(h, layer_cache, ctx)
-        x = x + a
+        x = constrain(x + a, "batch", None, None)
         h = RMSNorm(eps, dt, pdt, name="post_attention_layernorm")(x)
-        x = x + Mlp(self.cfg, dt, pdt, name="mlp")(h)
+        x = constrain(x + Mlp(self.cfg, dt, pdt, name="mlp")(h), "batch", None, None)
         return x, new_cache
 
 
@@ -345,7 +347,7 @@ class Qwen(nn.Module):
             visible_new = causal[None] & mask[:, None, :]
             ctx = {"cos": cos, "sin": sin, "visible": visible, "visible_new": visible_new}
             layer_cache = (cache["k"], cache["v"])
-        x = self.embed_tokens(input_ids)
+        x = constrain(self.embed_tokens(input_ids), "batch", None, None)
         x, new_layer_cache = self.layers(x, layer_cache, ctx)
         new_cache = None
         if cache is not None:
@@ -443,6 +445,7 @@ def chunked_token_logprobs(
     def one_chunk(args: tuple[jax.Array, jax.Array]) -> tuple[jax.Array, jax.Array]:
         h_c, t_c = args
         logits = jnp.einsum("bce,ev->bcv", h_c, w, preferred_element_type=jnp.float32)
+        logits = constrain(logits, "batch", None, "vocab")
         lse = jax.nn.logsumexp(logits, axis=-1)
         picked = jnp.take_along_axis(logits, t_c[..., None], axis=-1)[..., 0]
         if not with_entropy:
