@@ -70,6 +70,9 @@ def base_config() -> ml_collections.ConfigDict:
     c.optim.b1 = 0.9  # Adam's first-moment decay
     c.optim.b2 = 0.999  # Adam's second-moment decay
     c.optim.eps = 1e-8  # Adam's denominator epsilon
+    # dtype of Adam's first moment: float32 | bfloat16 (saves a quarter of the optimizer state;
+    # the second moment stays float32)
+    c.optim.mu_dtype = "float32"
     c.optim.grad_clip = 1.0  # global gradient-norm clip (the paper's; 0: off)
     c.optim.grad_accum = 1  # micro-batches accumulated per optimizer step
 

@@ -42,6 +42,8 @@ def validate(c: Any) -> None:
         if size == 0 or size < -1:
             raise ConfigError(f"--config.mesh.{axis}={size}: use a positive size or -1")
     _choice(c.optim.schedule, "optim.schedule", optim.SCHEDULES)
+    _choice(c.optim.mu_dtype, "optim.mu_dtype", tuple(optim.MU_DTYPES))
+    _check_bf16_updates(c)
     _choice(c.rl.kl_estimator, "rl.kl_estimator", rl.KL_ESTIMATORS)
     _choice(c.rl.loss_agg, "rl.loss_agg", rl.LOSS_AGGS)
     _choice(c.rl.old_logprobs, "rl.old_logprobs", rl.OLD_LOGPROBS)
@@ -83,6 +85,32 @@ def validate(c: Any) -> None:
         section, field = key.split(".")
         if c[section][field] >= c.rollout.context_limit:
             raise ConfigError(f"--config.{key} must be below rollout.context_limit")
+
+
+# Typical magnitude of a weight (the normal(0.02) initialisation of Qwen-family checkpoints).
+TYPICAL_WEIGHT = 0.02
+
+
+def smallest_bf16_step(magnitude: float = TYPICAL_WEIGHT) -> float:
+    """The smallest change bfloat16 keeps on a weight of `magnitude`: half its spacing there."""
+    x = jnp.asarray(magnitude, jnp.bfloat16)
+    return float(jnp.nextafter(x, jnp.asarray(1.0, jnp.bfloat16)) - x) / 2
+
+
+def _check_bf16_updates(c: Any) -> None:
+    """Refuses bfloat16 parameters under a learning rate whose Adam steps (about lr per weight)
+    bfloat16 rounds away: with lr 1e-6, about 98% of N(0, 0.02) weights would never change."""
+    if c.model.param_dtype != "bfloat16":
+        return
+    step = smallest_bf16_step()
+    if c.optim.lr < step:
+        raise ConfigError(
+            "--config.model.param_dtype=bfloat16 cannot learn at "
+            f"--config.optim.lr={c.optim.lr:g}: bfloat16 rounds away any change below "
+            f"{step:.2g} of a weight of magnitude {TYPICAL_WEIGHT}; keep float32 parameters "
+            "(fp32 master weights, bfloat16 compute; --config.optim.mu_dtype=bfloat16 saves "
+            "optimizer memory) or raise the lr"
+        )
 
 
 def _positive(c: Any, *keys: str) -> None:

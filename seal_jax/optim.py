@@ -15,10 +15,12 @@ from __future__ import annotations
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 import optax
 from jax.sharding import NamedSharding, PartitionSpec
 
 SCHEDULES = ("constant", "cosine", "linear")
+MU_DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}  # Adam's first moment
 
 
 def make_schedule(optim_config: Any) -> optax.Schedule:
@@ -48,7 +50,14 @@ def make_optimizer(optim_config: Any) -> optax.GradientTransformation:
     c = optim_config
     if c.grad_accum < 1 or c.grad_clip < 0:
         raise ValueError(f"need grad_accum >= 1, grad_clip >= 0; got {c.grad_accum}, {c.grad_clip}")
-    adamw = optax.adamw(make_schedule(c), b1=c.b1, b2=c.b2, eps=c.eps, weight_decay=c.weight_decay)
+    adamw = optax.adamw(
+        make_schedule(c),
+        b1=c.b1,
+        b2=c.b2,
+        eps=c.eps,
+        weight_decay=c.weight_decay,
+        mu_dtype=MU_DTYPES[c.mu_dtype],
+    )
     optimizer = optax.chain(optax.clip_by_global_norm(c.grad_clip), adamw) if c.grad_clip else adamw
     if c.grad_accum == 1:
         return optimizer

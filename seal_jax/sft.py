@@ -179,6 +179,7 @@ def warm_start(
             b1=0.9,
             b2=0.999,
             eps=1e-8,
+            mu_dtype="float32",
             grad_clip=grad_clip,
             grad_accum=1,
         )

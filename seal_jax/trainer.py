@@ -20,7 +20,6 @@ import time
 from typing import Any
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 from absl import logging
 
@@ -289,8 +288,9 @@ def train(config: Any, model: LoadedModel, workdir: str) -> State:
     checkpointer = Checkpointer(workdir, keep=config.train.keep_checkpoints)
     writer = MetricsWriter(workdir)
     state, resumed = restore_or_init(run, checkpointer)
-    # The frozen reference is the initial policy (a copy: the update donates its inputs).
-    ref_params = jax.tree.map(jnp.copy, model.params) if config.rl.kl_coef > 0 else None
+    # The frozen KL reference: the initial policy, in the compute dtype.
+    kl = config.rl.kl_coef > 0
+    ref_params = update_lib.frozen_reference(model.params, model.compute_dtype) if kl else None
     last = total_steps(config, run.source)
     every = config.train.eval_every  # 0 disables evaluation altogether
     if not resumed and every:

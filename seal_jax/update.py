@@ -18,6 +18,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 from absl import logging
 
@@ -37,6 +38,7 @@ class Updater:
       step_fn: `(params, opt_state, batch) -> (params, opt_state, metrics)`, one micro-batch.
       logprob_fn: `(params, batch) -> log p(targets) [B, T]`, jitted.
       share_prompt: update batches hold each group's prompt once (train.share_prompt).
+      optimizer: the optax optimizer (`seal_jax.optim.make_optimizer`).
       init_opt_state: `params -> optimizer state`, sharded like the parameters.
     """
 
@@ -45,6 +47,7 @@ class Updater:
     step_fn: train_step.TrainStep
     logprob_fn: Any
     share_prompt: bool
+    optimizer: Any
     init_opt_state: Any
 
 
@@ -86,11 +89,9 @@ def build_updater(config: Any, model: LoadedModel) -> Updater:
         )
         return out if entropy is None else (out, entropy)
 
+    optimizer = optim.make_optimizer(config.optim)
     step_fn, init_opt_state = train_step.make_update_step(
-        rl.make_loss_fn(policy_logprobs, config.rl),
-        optim.make_optimizer(config.optim),
-        model.params,
-        model.mesh,
+        rl.make_loss_fn(policy_logprobs, config.rl), optimizer, model.params, model.mesh
     )
     forward = jax.jit(
         lambda params, b: logprobs(
@@ -104,7 +105,18 @@ def build_updater(config: Any, model: LoadedModel) -> Updater:
         out_shardings=sharding.batch_sharding(model.mesh, ndim=1),
     )
     share_prompt = can_share_prompt(config, shards)
-    return Updater(config, model.mesh, step_fn, forward, share_prompt, init_opt_state)
+    return Updater(config, model.mesh, step_fn, forward, share_prompt, optimizer, init_opt_state)
+
+
+def frozen_reference(params: Any, compute_dtype: Any) -> Any:
+    """A copy of params in the compute dtype, for the KL reference: every forward pass casts the
+    weights to the compute dtype first, so its log-probs are those of the fp32 weights, at half
+    the memory under bfloat16 compute. (A copy either way: the update donates its params.)"""
+
+    def copy(x: jax.Array) -> jax.Array:
+        return jnp.copy(x) if x.dtype == compute_dtype else x.astype(compute_dtype)
+
+    return jax.tree.map(copy, params)
 
 
 def can_share_prompt(config: Any, shards: int) -> bool:
