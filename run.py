@@ -1,7 +1,8 @@
 """The entry point: `python run.py --config=configs/<name>.py [--config.a.b=v ...] --workdir=DIR`.
 
 Modes: train (the SEAL loop), eval (score a policy on the evaluation split), export (write a
-Hugging Face directory). Every user error (bad flag, bad config value, bad checkpoint) ends in one
+Hugging Face directory), compile (prove a config fits a TPU topology's memory, from the model's
+config.json alone). Every user error (bad flag, bad config value, bad checkpoint) ends in one
 line on stderr and exit code 2, never a traceback.
 """
 
@@ -21,7 +22,7 @@ _CONFIG = config_flags.DEFINE_config_file(
     "config", None, "Experiment config file, e.g. configs/qwen.py.", lock_config=True
 )
 _WORKDIR = flags.DEFINE_string("workdir", "workdirs/default", "Directory for logs and checkpoints.")
-_MODE = flags.DEFINE_enum("mode", "train", ["train", "eval", "export"], "What to run.")
+_MODE = flags.DEFINE_enum("mode", "train", ["train", "eval", "export", "compile"], "What to run.")
 
 
 def _fail(message: str) -> None:

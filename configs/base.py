@@ -208,6 +208,13 @@ def base_config() -> ml_collections.ConfigDict:
     c.distributed.num_processes = 0  # controller processes in all (with coordinator_address)
     c.distributed.process_id = -1  # this process's index (with coordinator_address)
 
+    # Ahead-of-time compile check (`run.py --mode=compile`, seal_jax/aot.py).
+    c.aot = ml_collections.ConfigDict()
+    # jax TPU topology to compile for, e.g. "v5e:2x4", "v5p:2x2x1", "v4:2x2x1" (needs libtpu);
+    # "": this host's devices
+    c.aot.topology = ""
+    c.aot.dump_hlo = False  # also write each program's optimized HLO to <workdir>/hlo/
+
     # Persistent XLA compilation cache: every compiled program (one per bucket shape) is saved
     # here and loaded by later runs instead of compiled again. "" turns it off; a directory
     # already given to JAX (JAX_COMPILATION_CACHE_DIR) takes precedence.

@@ -4,13 +4,17 @@ Every program is lowered from `jax.ShapeDtypeStruct`s that carry the run's shard
 for the mesh's devices: the local ones, or the abstract devices of a TPU topology
 (`jax.experimental.topologies`, which needs libtpu but no chip). The compiled program's
 `memory_analysis()` gives per-device argument and temporary bytes; its optimized HLO shows the
-collectives. `run.py --mode=compile` (seal_jax.modes) reports them against the chip's memory.
+collectives. A TPU program that cannot fit fails to compile; its overflow is read from the
+compiler's message. `check` is `run.py --mode=compile`.
 """
 
 from __future__ import annotations
 
 import collections
 import dataclasses
+import json
+import math
+import os
 import re
 from typing import Any
 
@@ -18,6 +22,7 @@ import jax
 import jax.numpy as jnp
 from jax.sharding import Mesh
 
+from seal_jax import config as config_lib
 from seal_jax import optim, sharding
 from seal_jax import update as update_lib
 from seal_jax.models import LoadedModel, QwenConfig
@@ -33,22 +38,34 @@ _UPDATE_BATCH = {
     "old_logprobs": jnp.float32,
     "ref_logprobs": jnp.float32,
 }
+GIB = 2**30
+# Memory per chip by device kind, where the compiler does not say (it does when a program
+# overflows).
+HBM_GIB = {"TPU v4": 32, "TPU v5 lite": 16, "TPU v5": 95, "TPU v5p": 95, "TPU v6 lite": 32}
+
+
+class DoesNotFit(config_lib.ConfigError):
+    """A program of the run needs more memory per chip than the chip has."""
 
 
 @dataclasses.dataclass(frozen=True)
 class ProgramMemory:
     """Bytes per device of one compiled program: its arguments, outputs not aliased to an
-    argument, and temporaries."""
+    argument, temporaries, and the resident state alive beside it that it does not take as an
+    argument. `error` is the compiler's message when the program does not fit at all."""
 
     name: str
     argument_bytes: int
     output_bytes: int
     temp_bytes: int
+    other_resident_bytes: int = 0
+    error: str = ""
 
     @property
     def peak_bytes(self) -> int:
-        """Arguments, temporaries and fresh outputs alive together at most."""
-        return self.argument_bytes + self.temp_bytes + self.output_bytes
+        """Everything alive on a device while the program runs, at most."""
+        fixed = self.argument_bytes + self.output_bytes + self.other_resident_bytes
+        return fixed + self.temp_bytes
 
 
 def abstract_model(
@@ -57,10 +74,13 @@ def abstract_model(
     """A LoadedModel whose params are ShapeDtypeStructs with the training shardings."""
     shapes = param_shapes(cfg, param_dtype)
     shards = sharding.param_shardings(shapes, mesh)
-    params = jax.tree.map(
-        lambda s, sh: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sh), shapes, shards
+    return LoadedModel(cfg, _with_shardings(shapes, shards), mesh, "", compute_dtype)
+
+
+def _with_shardings(shapes: Any, shardings: Any) -> Any:
+    return jax.tree.map(
+        lambda s, sh: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sh), shapes, shardings
     )
-    return LoadedModel(cfg, params, mesh, "", compute_dtype)
 
 
 def update_batch_rows(config: Any) -> int:
@@ -68,32 +88,61 @@ def update_batch_rows(config: Any) -> int:
     return config.train.mini_batch_tasks * config.rl.group_size // config.optim.grad_accum
 
 
-def compile_update(config: Any, model: LoadedModel, length: int) -> jax.stages.Compiled:
-    """The update micro-step at its largest shape (rows of `length` tokens each, whole
-    sequences), compiled for the model's mesh."""
-    updater = update_lib.build_updater(config, model)
-    params = model.params
+def abstract_opt_state(updater: update_lib.Updater, params: Any) -> Any:
+    """The optimizer state of params as ShapeDtypeStructs with its shardings."""
     shards = optim.opt_state_shardings(
         updater.optimizer, params, jax.tree.map(lambda x: x.sharding, params)
     )
-    state = jax.tree.map(
-        lambda s, sh: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sh),
-        jax.eval_shape(updater.optimizer.init, params),
-        shards,
-    )
-    batch = _batch(model.mesh, update_batch_rows(config), length, config.rl.kl_coef > 0)
-    with jax.set_mesh(model.mesh):
-        return updater.step_fn.lower(params, state, batch).compile()
+    return _with_shardings(jax.eval_shape(updater.optimizer.init, params), shards)
 
 
-def compile_logprobs(config: Any, model: LoadedModel, length: int) -> jax.stages.Compiled:
-    """The old / reference log-prob pass over one mini-batch, compiled for the model's mesh."""
+def lower_update(config: Any, model: LoadedModel, length: int) -> tuple[Any, tuple]:
+    """The update micro-step at its largest shape (rows of `length` tokens, whole sequences),
+    lowered for the model's mesh; returns (lowered, its arguments)."""
     updater = update_lib.build_updater(config, model)
-    rows = config.train.mini_batch_tasks * config.rl.group_size
-    batch = _batch(model.mesh, rows, length, with_ref=False)
-    keys = ("input_ids", "positions", "mask", "targets")
+    state = abstract_opt_state(updater, model.params)
+    batch = _batch(model.mesh, update_batch_rows(config), length, config.rl.kl_coef > 0)
+    args = (model.params, state, batch)
     with jax.set_mesh(model.mesh):
-        return updater.logprob_fn.lower(model.params, {k: batch[k] for k in keys}).compile()
+        return updater.step_fn.lower(*args), args
+
+
+def lower_logprobs(config: Any, model: LoadedModel, length: int) -> tuple[Any, tuple]:
+    """The old / reference log-prob pass over one micro-batch of rows; returns (lowered,
+    arguments)."""
+    updater = update_lib.build_updater(config, model)
+    batch = _batch(model.mesh, update_batch_rows(config), length, with_ref=False)
+    keys = ("input_ids", "positions", "mask", "targets")
+    args = (model.params, {k: batch[k] for k in keys})
+    with jax.set_mesh(model.mesh):
+        return updater.logprob_fn.lower(*args), args
+
+
+def lower_rollout(config: Any, model: LoadedModel, engine: Any) -> dict[str, tuple[Any, tuple]]:
+    """The rollout's prefill and decode programs at the largest bucket a step can use (every row
+    of one rollout chunk, a cache of the whole context); name -> (lowered, arguments)."""
+    from seal_jax.rollout import params_layout
+
+    tasks = config.rollout.micro_batch_tasks or config.train.batch_tasks
+    rows = engine.batch_bucket(tasks * config.rl.group_size)
+    cache = engine.abstract_cache(rows, engine.cache_len(config.rollout.context_limit))
+    per_row = {
+        "logits": jax.ShapeDtypeStruct((rows, model.config.vocab_size), jnp.float32),
+        "keys": jax.eval_shape(lambda: jax.random.split(jax.random.key(0), rows)),
+        "budget": jax.ShapeDtypeStruct((rows,), jnp.int32),
+        "stop_ids": jax.ShapeDtypeStruct((rows, 4), jnp.int32),
+        "ids": jax.ShapeDtypeStruct((rows, engine.config.prefill_chunk), jnp.int32),
+        "lengths": jax.ShapeDtypeStruct((rows,), jnp.int32),
+    }
+    a = {k: engine.abstract_rows(v.shape, v.dtype) for k, v in per_row.items()}
+    layout = params_layout(model.params)
+    prefill = (model.params, cache, a["logits"], a["ids"], a["lengths"])
+    decode = (model.params, cache, a["logits"], a["keys"], a["budget"], a["stop_ids"])
+    with jax.set_mesh(model.mesh):
+        return {
+            "rollout_prefill": (engine.program("prefill", layout).lower(*prefill), prefill),
+            "rollout_decode": (engine.program("decode", layout).lower(*decode), decode),
+        }
 
 
 def _batch(mesh: Mesh, rows: int, length: int, with_ref: bool) -> dict[str, Any]:
@@ -110,11 +159,27 @@ def _batch(mesh: Mesh, rows: int, length: int, with_ref: bool) -> dict[str, Any]
     return batch
 
 
-def memory(name: str, compiled: jax.stages.Compiled) -> ProgramMemory:
-    """Per-device bytes of a compiled program (`ProgramMemory`)."""
+def compile_memory(
+    name: str, lowered: Any, args: tuple, other_resident: int = 0
+) -> tuple[ProgramMemory, Any]:
+    """Compiles a lowered program; returns its ProgramMemory and the compiled program (None when
+    the compiler refused it for lack of memory, the overflow then read from its message)."""
+    try:
+        compiled = lowered.compile()
+    except jax.errors.JaxRuntimeError as error:
+        message = str(error)
+        need = re.search(r"required for HLO temporaries \(([\d.]+)([KMGT])\)", message)
+        if "RESOURCE_EXHAUSTED" not in message or not need:
+            raise
+        temp = int(float(need.group(1)) * 1024 ** "KMGT".index(need.group(2)) * 1024)
+        memory = ProgramMemory(name, device_bytes(args), 0, temp, other_resident, message)
+        return memory, None
     m = compiled.memory_analysis()
-    fresh_outputs = max(m.output_size_in_bytes - m.alias_size_in_bytes, 0)
-    return ProgramMemory(name, m.argument_size_in_bytes, fresh_outputs, m.temp_size_in_bytes)
+    fresh = max(m.output_size_in_bytes - m.alias_size_in_bytes, 0)
+    memory = ProgramMemory(
+        name, m.argument_size_in_bytes, fresh, m.temp_size_in_bytes, other_resident
+    )
+    return memory, compiled
 
 
 def collectives(hlo_text: str) -> collections.Counter:
@@ -126,3 +191,183 @@ def collectives(hlo_text: str) -> collections.Counter:
     return collections.Counter(
         (op, shape) for shape, op in re.findall(pattern + r"(?:-start)?\(", hlo_text)
     )
+
+
+def device_bytes(tree: Any) -> int:
+    """Bytes one device holds of a pytree of sharded arrays or ShapeDtypeStructs."""
+    total = 0
+    for x in jax.tree.leaves(tree):
+        shard = x.sharding.shard_shape(x.shape)
+        total += math.prod(shard) * jnp.dtype(x.dtype).itemsize
+    return total
+
+
+def target_devices(topology: str) -> list[Any]:
+    """The devices to compile for: the abstract devices of a TPU topology (e.g. "v5e:2x4",
+    "v5p:2x2x1", "v4:2x2x1"; v4 chips in megacore mode), or this host's devices when empty.
+
+    Raises:
+      ConfigError: an unknown topology, or libtpu missing.
+    """
+    if not topology:
+        return jax.devices()
+    from jax.experimental import topologies
+
+    kwargs = {"chip_config_name": "megacore"} if topology.startswith("v4") else {}
+    try:
+        return list(topologies.get_topology_desc(topology, "tpu", **kwargs).devices)
+    except Exception as error:  # noqa: BLE001  (libtpu missing or a bad name: say which)
+        raise config_lib.ConfigError(
+            f"--config.aot.topology={topology!r}: {type(error).__name__}: {error} (compiling "
+            "for a TPU topology needs libtpu: pip install 'libtpu==0.0.42.*')"
+        ) from error
+
+
+def hbm_bytes(device: Any) -> int:
+    """Memory of one chip (TPU by device kind; a CPU device gets its share of host memory)."""
+    if device.platform == "tpu":
+        if device.device_kind not in HBM_GIB:
+            raise config_lib.ConfigError(f"unknown TPU kind {device.device_kind!r}")
+        return HBM_GIB[device.device_kind] * GIB
+    host = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    return host // len(jax.local_devices())
+
+
+def check(config: Any, cfg: QwenConfig, workdir: str) -> dict:
+    """`run.py --mode=compile`: compiles every program a training step runs at the config's
+    largest shapes for `config.aot.topology`, prints a per-chip table, writes
+    `<workdir>/compile.json` (and `<workdir>/hlo/<program>.txt` with `aot.dump_hlo`), and returns
+    the report.
+
+    Raises:
+      DoesNotFit: a program needs more than a chip's memory (names it, by how much, and what
+        would reduce it).
+    """
+    from seal_jax import rollout
+
+    devices = target_devices(config.aot.topology)
+    mesh = sharding.make_mesh(config.mesh.data, config.mesh.fsdp, config.mesh.tensor, devices)
+    model = abstract_model(
+        cfg,
+        mesh,
+        config_lib.dtype(config.model.param_dtype),
+        config_lib.dtype(config.model.compute_dtype),
+    )
+    r = config.rollout
+    engine = rollout.RolloutEngine(
+        cfg,
+        mesh,
+        rollout.EngineConfig(
+            context_limit=r.context_limit,
+            max_new_tokens=r.max_new_tokens,
+            stop_ids=(0,),
+            prefill_chunk=r.prefill_chunk,
+            min_batch=r.min_batch,
+            min_prefill_width=r.min_prefill_width,
+        ),
+        model.compute_dtype,
+    )
+    updater = update_lib.build_updater(config, model)
+    reference = jax.tree.map(
+        lambda x: jax.ShapeDtypeStruct(x.shape, model.compute_dtype, sharding=x.sharding),
+        model.params,
+    )
+    resident = {
+        "params": device_bytes(model.params),
+        "opt_state": device_bytes(abstract_opt_state(updater, model.params)),
+        "reference": device_bytes(reference) if config.rl.kl_coef > 0 else 0,
+    }
+    lowered = {
+        "update_micro_step": lower_update(config, model, r.context_limit),
+        "logprob_pass": lower_logprobs(config, model, r.context_limit),
+        **lower_rollout(config, model, engine),
+    }
+    beside = {  # resident state alive during each program that it does not take as an argument
+        "update_micro_step": resident["reference"],
+        "logprob_pass": resident["opt_state"] + resident["reference"],
+        "rollout_prefill": resident["opt_state"] + resident["reference"],
+        "rollout_decode": resident["opt_state"] + resident["reference"],
+    }
+    resident["kv_cache"] = device_bytes(lowered["rollout_decode"][1][1])
+    programs = []
+    for name, (low, args) in lowered.items():
+        program, compiled = compile_memory(name, low, args, beside[name])
+        programs.append(program)
+        if compiled is not None and config.aot.dump_hlo:
+            os.makedirs(os.path.join(workdir, "hlo"), exist_ok=True)
+            with open(os.path.join(workdir, "hlo", f"{name}.txt"), "w") as f:
+                f.write(compiled.as_text())
+    report = _report(config, devices, resident, programs)
+    with open(os.path.join(workdir, "compile.json"), "w") as f:
+        json.dump(report, f, indent=2)
+    print(format_table(report))
+    worst = max(programs, key=lambda p: p.peak_bytes - report["hbm_bytes_per_chip"])
+    if not report["fits"]:
+        over = (worst.peak_bytes - report["hbm_bytes_per_chip"]) / GIB
+        raise DoesNotFit(
+            f"{worst.name} needs {worst.peak_bytes / GIB:.2f} GiB per chip, {over:.2f} GiB more "
+            f"than the {report['hbm_bytes_per_chip'] / GIB:.2f} GiB of a {report['device_kind']} "
+            f"chip: {_advice(worst.name)} (details in {os.path.join(workdir, 'compile.json')})"
+        )
+    return report
+
+
+def _advice(program: str) -> str:
+    """The settings that shrink a program's memory."""
+    if program.startswith("rollout"):
+        return (
+            "fewer rows per rollout chunk (rollout.micro_batch_tasks), a shorter "
+            "rollout.context_limit, or more chips"
+        )
+    return (
+        "fewer rows per micro-step (optim.grad_accum, train.mini_batch_tasks), a shorter "
+        "rollout.context_limit, optim.mu_dtype=bfloat16, or more chips (mesh.fsdp)"
+    )
+
+
+def _report(config: Any, devices: list, resident: dict, programs: list[ProgramMemory]) -> dict:
+    """The JSON record of a compile check."""
+    hbm = hbm_bytes(devices[0])
+    return {
+        "fits": all(p.peak_bytes <= hbm and not p.error for p in programs),
+        "topology": config.aot.topology or "local",
+        "device_kind": devices[0].device_kind,
+        "chips": len(devices),
+        "hbm_bytes_per_chip": hbm,
+        "resident_bytes_per_chip": resident,
+        "settings": {
+            "context_limit": config.rollout.context_limit,
+            "update_rows_per_micro_step": update_batch_rows(config),
+            "rollout_rows": (config.rollout.micro_batch_tasks or config.train.batch_tasks)
+            * config.rl.group_size,
+            "param_dtype": config.model.param_dtype,
+            "compute_dtype": config.model.compute_dtype,
+            "mesh": dict(config.mesh),
+        },
+        "programs": [
+            {
+                **dataclasses.asdict(p),
+                "peak_bytes_per_chip": p.peak_bytes,
+                "fits": p.peak_bytes <= hbm,
+            }
+            for p in programs
+        ],
+    }
+
+
+def format_table(report: dict) -> str:
+    """The compile report as a per-chip table (GiB)."""
+    hbm = report["hbm_bytes_per_chip"] / GIB
+    chips = f"{report['chips']} x {report['device_kind']} ({report['topology']})"
+    columns = ("arguments", "temp", "outputs", "beside", "peak")
+    lines = [
+        f"{chips}, {hbm:.2f} GiB per chip",
+        "resident: "
+        + ", ".join(f"{k} {v / GIB:.2f}" for k, v in report["resident_bytes_per_chip"].items()),
+        f"{'program':<20}" + "".join(f"{c:>10}" for c in columns) + "  fits",
+    ]
+    for p in report["programs"]:
+        sizes = (p["argument_bytes"], p["temp_bytes"], p["output_bytes"], p["other_resident_bytes"])
+        cells = "".join(f"{b / GIB:>10.2f}" for b in (*sizes, p["peak_bytes_per_chip"]))
+        lines.append(f"{p['name']:<20}{cells}  {'yes' if p['fits'] else 'NO'}")
+    return "\n".join(lines)

@@ -6,6 +6,9 @@
   Writes `eval_step<N>.json`.
 * export: writes the newest checkpoint's parameters as a Hugging Face directory
   (`<workdir>/export`, tokenizer files copied from model.path).
+* compile: compiles every program of a training step for `aot.topology` (a TPU topology, or this
+  host's devices) from model.path's config.json alone, and reports per-chip memory against the
+  chip's (`seal_jax.aot.check`): `<workdir>/compile.json`, exit code 2 when a program cannot fit.
 """
 
 from __future__ import annotations
@@ -22,7 +25,13 @@ from absl import logging
 from seal_jax import config as config_lib
 from seal_jax import report, sft, sharding
 from seal_jax.checkpointing import Checkpointer
-from seal_jax.models import CheckpointError, LoadedModel, load_hf_checkpoint, save_hf_checkpoint
+from seal_jax.models import (
+    CheckpointError,
+    LoadedModel,
+    QwenConfig,
+    load_hf_checkpoint,
+    save_hf_checkpoint,
+)
 
 if TYPE_CHECKING:
     from environments.sources import TaskSource
@@ -32,6 +41,18 @@ def initial_policy(config: Any, workdir: str) -> str:
     """The Hugging Face directory RL starts from: model.path, or a from-scratch tiny policy
     (model.scratch), then warm-started on oracle transcripts when sft.steps > 0. Both are
     written once into the work directory and reused when a run resumes."""
+    path = policy_dir(config, workdir)
+    if config.sft.steps > 0:
+        warm = os.path.join(workdir, "warm_start")
+        if not os.path.isfile(os.path.join(warm, "config.json")):
+            _warm_start(config, path, warm)
+        path = warm
+    return path
+
+
+def policy_dir(config: Any, workdir: str) -> str:
+    """model.path, or the from-scratch tiny policy (model.scratch), written once into the work
+    directory. Raises CheckpointError when neither is set."""
     path = config.model.path
     if not path and config.model.scratch.enabled:
         path = os.path.join(workdir, "scratch_policy")
@@ -48,11 +69,6 @@ def initial_policy(config: Any, workdir: str) -> str:
             )
     if not path:
         raise CheckpointError("no checkpoint given: set --config.model.path=/path/to/hf_model_dir")
-    if config.sft.steps > 0:
-        warm = os.path.join(workdir, "warm_start")
-        if not os.path.isfile(os.path.join(warm, "config.json")):
-            _warm_start(config, path, warm)
-        path = warm
     return path
 
 
@@ -187,12 +203,16 @@ def use_compilation_cache(path: str) -> None:
 
 
 def run(mode: str, config: Any, workdir: str) -> None:
-    """Runs `mode` ('train', 'eval' or 'export')."""
-    from seal_jax import distributed, trainer
+    """Runs `mode` ('train', 'eval', 'export' or 'compile')."""
+    from seal_jax import aot, distributed, trainer
 
     use_compilation_cache(config.compilation_cache_dir)
     if config.distributed.enabled:
         distributed.initialize(config.distributed)
+    if mode == "compile":  # the architecture only: no weights are read
+        architecture = QwenConfig.from_dir(os.path.expanduser(policy_dir(config, workdir)))
+        aot.check(config, architecture, workdir)
+        return
     if mode == "export" and _latest_step(workdir) is None:
         # Before the model (and, with model.scratch / sft.steps, a warm start) is built for nothing.
         raise CheckpointError(f"no training checkpoint in {workdir!r} to export")

@@ -358,9 +358,7 @@ class RolloutEngine:
         `params_layout` for "prefill" and "decode" (whose first argument is the params), the
         number of caches for "relayout", None for "new_cache".
         """
-        if (name, variant) not in self._programs:
-            self._programs[name, variant] = self._jit(name, variant)
-        fn = self._programs[name, variant]
+        fn = self.program(name, variant)
         before = fn._cache_size()
         with jax.set_mesh(self.mesh):
             out = fn(*args)
@@ -371,6 +369,26 @@ class RolloutEngine:
                 "rollout: compiled %s #%d for %s", name, self.compile_counts()[name], shapes
             )
         return out
+
+    def program(self, name: str, variant: Hashable) -> Any:
+        """The jitted device program `name` for `variant` (see `call`), built on first use."""
+        if (name, variant) not in self._programs:
+            self._programs[name, variant] = self._jit(name, variant)
+        return self._programs[name, variant]
+
+    def abstract_cache(self, batch: int, length: int) -> Cache:
+        """A KV cache of `batch` rows and `length` slots as ShapeDtypeStructs with its shardings
+        (ahead-of-time compilation, `seal_jax.aot`)."""
+        make = functools.partial(new_cache, batch, length, cfg=self.cfg, dtype=self.cache_dtype)
+        return {
+            name: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=self._cache_sharding[name])
+            for name, x in jax.eval_shape(make).items()
+        }
+
+    def abstract_rows(self, shape: tuple[int, ...], dtype: Any) -> jax.ShapeDtypeStruct:
+        """A per-row array (leading dim: batch rows) as a ShapeDtypeStruct with the row sharding."""
+        place = self._rows_2d if len(shape) == 2 else self._rows_1d
+        return jax.ShapeDtypeStruct(shape, dtype, sharding=place)
 
     def cache_len(self, tokens_needed: int) -> int:
         """Cache bucket holding `tokens_needed` tokens per row: 2^k or 3 * 2^(k-1) slots."""

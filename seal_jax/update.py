@@ -212,10 +212,11 @@ def _ppo_epochs(updater: Updater, params: Any, opt_state: Any, batch: dict) -> t
 
 
 def _forward_logprobs(updater: Updater, params: Any, batch: dict[str, np.ndarray]) -> np.ndarray:
-    """log p(targets) [B, T] under params for the whole batch, one mini-batch at a time."""
+    """log p(targets) [B, T] under params for the whole batch, a micro-batch of rows at a time
+    (the rows an update micro-step holds, so the pass needs no more memory than the update)."""
     keys = ("input_ids", "positions", "mask", "targets")
     out = np.zeros(batch["targets"].shape, np.float32)
-    for idx, part in mini_batches(updater, batch, keys):
+    for idx, part in mini_batches(updater, batch, keys, parts=updater.config.optim.grad_accum):
         with jax.set_mesh(updater.mesh):
             logprobs = distributed.to_host(updater.logprob_fn(params, _put(updater, part)))
         out[idx, : logprobs.shape[1]] = logprobs
@@ -223,9 +224,10 @@ def _forward_logprobs(updater: Updater, params: Any, batch: dict[str, np.ndarray
 
 
 def mini_batches(
-    updater: Updater, batch: dict[str, np.ndarray], keys: Any
+    updater: Updater, batch: dict[str, np.ndarray], keys: Any, parts: int = 1
 ) -> list[tuple[np.ndarray, dict[str, np.ndarray]]]:
-    """(row indices, sub-batch of those keys and any shared prompt) of each mini-batch.
+    """(row indices, sub-batch of those keys and any shared prompt) of each mini-batch, or of
+    each of its `parts` equal parts.
 
     Rows are taken longest first (with shared prompts, whole groups, by their longest row), so
     each mini-batch is padded only to its own longest row and prompt (advantages are per row, so
@@ -236,7 +238,7 @@ def mini_batches(
     bucket = cfg.train.length_bucket
     shared = rl.PROMPT_KEYS[0] in batch
     g = cfg.rl.group_size if shared else 1  # rows taken together
-    per_mini_batch = cfg.train.mini_batch_tasks * cfg.rl.group_size // g
+    per_mini_batch = cfg.train.mini_batch_tasks * cfg.rl.group_size // g // parts
     order = np.argsort(-lengths.reshape(-1, g).max(axis=1), kind="stable")
     row_keys = [k for k in keys if k not in rl.PROMPT_KEYS]
     out = []

@@ -1,0 +1,48 @@
+"""`run.py --mode=compile` on 8 simulated CPU devices: every program of a step compiles from the
+model's config.json alone, compile.json reports it, and a config that cannot fit exits 2 with
+one line naming the program and what to change. (TPU topologies: benchmarks/compile_targets.py.)"""
+
+import json
+import os
+import subprocess
+import sys
+
+from tests.devices import REPO
+
+ARGS = [
+    "--config=configs/tiny.py",
+    "--mode=compile",
+    "--config.mesh.data=1",
+    "--config.mesh.fsdp=-1",
+    "--config.compilation_cache_dir=",
+]
+
+
+def _compile(workdir, *extra):
+    env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=8"}
+    env["JAX_PLATFORMS"] = "cpu"
+    cmd = [sys.executable, "run.py", *ARGS, f"--workdir={workdir}", *extra]
+    return subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+
+
+def test_compile_mode_reports_every_program_and_refuses_what_cannot_fit(tmp_path):
+    proc = _compile(tmp_path / "fits")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    report = json.loads((tmp_path / "fits" / "compile.json").read_text())
+    names = [p["name"] for p in report["programs"]]
+    assert names == ["update_micro_step", "logprob_pass", "rollout_prefill", "rollout_decode"]
+    assert report["fits"] and report["chips"] == 8 and report["hbm_bytes_per_chip"] > 0
+    for program in report["programs"]:
+        assert 0 < program["peak_bytes_per_chip"] <= report["hbm_bytes_per_chip"], program
+        assert program["peak_bytes_per_chip"] >= program["argument_bytes"] + program["temp_bytes"]
+    assert not (tmp_path / "fits" / "warm_start").exists()  # no weights trained or loaded
+    assert "update_micro_step" in proc.stdout and "peak" in proc.stdout
+
+    # 64 rollout rows of a 262k-token context: a KV cache far beyond a CPU device's share.
+    big = ["--config.rollout.context_limit=262144", "--config.train.batch_tasks=8"]
+    proc = _compile(tmp_path / "big", *big)
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    error = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
+    assert len(error) == 1 and "needs" in error[0] and "per chip" in error[0], proc.stderr[-2000:]
+    assert "rollout.context_limit" in error[0] and "Traceback" not in proc.stderr
+    assert not json.loads((tmp_path / "big" / "compile.json").read_text())["fits"]
