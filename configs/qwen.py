@@ -2,19 +2,74 @@
 
 Set the checkpoint directory: `--config.model.path=/path/to/Qwen2.5-7B-Instruct` (nothing is
 downloaded). Other backbones of the paper: point model.path at Qwen2.5-3B-Instruct (the same
-hyper-parameters). Ablation rows: `--config=configs/qwen.py:<variant>` with a variant of
-`configs.base.VARIANTS` (seal, vanilla_grpo, no_env_adaptation, no_reweighting,
-static_utilities, closed_loop).
+hyper-parameters).
+
+`--config=configs/qwen.py:<spec>`, where spec names an ablation row of `configs.base.VARIANTS`
+(seal, vanilla_grpo, no_env_adaptation, no_reweighting, static_utilities, closed_loop), a
+hardware target of TARGETS, or both, comma-separated: `configs/qwen.py:vanilla_grpo,7b-v5p-8`.
+A target keeps the paper's batch (32 tasks x 8 rollouts, 4 optimizer steps per step) and
+lengths (16,384-token context, 4,096 per reply, fp32 master weights) and sets how rows are split
+into rollout chunks and micro-steps so that every program fits the chips; `run.py
+--mode=compile` proves it for the target's topology (benchmarks/README.md has the figures).
 """
 
 import ml_collections
 
-from configs.base import apply_variant, base_config
+from configs.base import VARIANTS, apply_variant, base_config
+
+# name -> settings (dotted config keys). Each keeps one 16k-token row per chip per update
+# micro-step (the fewest rows that split over the chips); --mode=compile figures for each are in
+# benchmarks/README.md ("Compiled for TPU targets"): only 7b-v5p-8 fits today.
+TARGETS = {
+    "7b-v5p-8": {
+        "aot.topology": "v5p:2x2x1",
+        "rollout.micro_batch_tasks": 2,
+        "optim.grad_accum": 16,
+    },
+    "7b-v4-8": {
+        "aot.topology": "v4:2x2x1",
+        "rollout.micro_batch_tasks": 1,
+        "optim.grad_accum": 16,
+        "optim.mu_dtype": "bfloat16",
+        "model.attn_chunk": 256,
+    },
+    "7b-v5e-16": {
+        "aot.topology": "v5e:4x4",
+        "rollout.micro_batch_tasks": 2,
+        "optim.grad_accum": 4,
+        "optim.mu_dtype": "bfloat16",
+        "model.attn_chunk": 256,
+    },
+    "7b-v5e-32": {
+        "aot.topology": "v5e:4x8",
+        "rollout.micro_batch_tasks": 4,
+        "optim.grad_accum": 2,
+        "optim.mu_dtype": "bfloat16",
+        "model.attn_chunk": 256,
+    },
+    "3b-v5e-8": {
+        "aot.topology": "v5e:2x4",
+        "rollout.micro_batch_tasks": 2,
+        "optim.grad_accum": 8,
+        "optim.mu_dtype": "bfloat16",
+        "model.attn_chunk": 256,
+    },
+}
 
 
-def get_config(variant: str = "seal") -> ml_collections.ConfigDict:
-    """Paper hyper-parameters; parameters fully sharded (FSDP) over all devices."""
-    c = apply_variant(base_config(), variant)
+def get_config(spec: str = "seal") -> ml_collections.ConfigDict:
+    """Paper hyper-parameters; parameters fully sharded (FSDP) over all devices; `spec` as in the
+    module docstring."""
+    names = [name for name in spec.split(",") if name]
+    unknown = [name for name in names if name not in VARIANTS and name not in TARGETS]
+    variants = [name for name in names if name in VARIANTS]
+    targets = [name for name in names if name in TARGETS]
+    if unknown or len(variants) > 1 or len(targets) > 1:
+        raise ValueError(
+            f"configs/qwen.py:{spec}: give at most one variant ({', '.join(VARIANTS)}) and one "
+            f"target ({', '.join(TARGETS)}), comma-separated"
+        )
+    c = apply_variant(base_config(), variants[0] if variants else "seal")
     c.model.path = ""  # e.g. /mnt/models/Qwen2.5-7B-Instruct
     c.model.param_dtype = "float32"
     c.model.compute_dtype = "bfloat16"
@@ -22,4 +77,8 @@ def get_config(variant: str = "seal") -> ml_collections.ConfigDict:
     c.mesh.data = 1
     c.mesh.fsdp = -1
     c.mesh.tensor = 1
+    if targets:
+        for key, value in TARGETS[targets[0]].items():
+            section, field = key.split(".")
+            c[section][field] = value
     return c

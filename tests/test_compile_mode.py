@@ -7,6 +7,10 @@ import os
 import subprocess
 import sys
 
+import pytest
+
+from configs import qwen
+from seal_jax import config as config_lib
 from tests.devices import REPO
 
 ARGS = [
@@ -46,3 +50,19 @@ def test_compile_mode_reports_every_program_and_refuses_what_cannot_fit(tmp_path
     assert len(error) == 1 and "needs" in error[0] and "per chip" in error[0], proc.stderr[-2000:]
     assert "rollout.context_limit" in error[0] and "Traceback" not in proc.stderr
     assert not json.loads((tmp_path / "big" / "compile.json").read_text())["fits"]
+
+
+def test_hardware_targets_keep_the_paper_setting_and_combine_with_variants():
+    for target in qwen.TARGETS:
+        c = qwen.get_config(target)
+        config_lib.validate(c)
+        paper = (c.train.batch_tasks, c.rl.group_size, c.train.mini_batch_tasks, c.optim.lr)
+        assert paper == (32, 8, 8, 1e-6), target
+        assert (c.rollout.context_limit, c.rollout.max_new_tokens) == (16384, 4096)
+        assert c.model.param_dtype == "float32" and c.aot.topology
+    c = qwen.get_config("vanilla_grpo,7b-v5p-8")
+    assert (c.aot.topology, c.optim.grad_accum, c.weighting.enabled) == ("v5p:2x2x1", 16, False)
+    assert qwen.get_config("7b-v5p-8").weighting.enabled and not qwen.get_config().aot.topology
+    for bad in ("seal,vanilla_grpo", "v9-8", "7b-v5p-8,3b-v5e-8"):
+        with pytest.raises(ValueError, match="at most one variant"):
+            qwen.get_config(bad)

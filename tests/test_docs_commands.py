@@ -90,11 +90,15 @@ COMMANDS = [c for doc in DOCS for c in doc_commands(doc)]
 SKIP = {
     r"^make (demo|test)$": "what CI runs (make test: lint and the whole suite; make demo: the "
     "10-minute CPU default job)",
-    r"^python run\.py --config=configs/qwen\.py": "needs a Qwen2.5-7B checkpoint "
-    "(--config.model.path) and an accelerator",
+    r"^python run\.py --config=configs/qwen\.py(?!.*--mode=compile$)": "needs a Qwen2.5-7B "
+    "checkpoint (--config.model.path) and an accelerator",
     r"^(python3 -m venv|pip install)": "installs packages from the network into a new "
     "environment (the README's install, which this test runs after)",
     r"^gcloud ": "needs a TPU VM and Google Cloud credentials",
+    r"--mode=compile$": "compiles a 7B model for a TPU topology: needs libtpu (0.7 GB, not in "
+    "the test install) and about 1.5 minutes; tests/test_compile_mode.py runs --mode=compile "
+    "for simulated CPU devices",
+    r"^python -m benchmarks\.compile_targets$": "needs libtpu and about 1.5 minutes per target",
     r"^python -m benchmarks\.bench_compile_cache$": "runs configs/tiny.py's run.py job twice "
     "(over 2 minutes on 2 cores even at the smallest budget); run.py training is run here by "
     "the seal_vs_baselines smoke command",

@@ -1,0 +1,90 @@
+"""Compiles the paper's setting for each hardware target of configs/qwen.py (run.py --mode=compile)
+and prints one table: resident state and peak memory per chip of every program, and whether it
+fits. Needs libtpu (`pip install "libtpu==0.0.42.*"`); no TPU and no weights (model
+architectures from benchmarks/model_configs).
+
+    python -m benchmarks.compile_targets                       # every target
+    python -m benchmarks.compile_targets --targets=7b-v5p-8 --out_dir=workdirs/compile_targets
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+
+from absl import app, flags
+
+from configs.qwen import TARGETS
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+MODELS = {"7b": "qwen2.5-7b", "3b": "qwen2.5-3b"}
+GIB = 2**30
+
+flags.DEFINE_list("targets", list(TARGETS), "Targets of configs/qwen.py:TARGETS.")
+flags.DEFINE_string("out_dir", "workdirs/compile_targets", "One work directory per target.")
+FLAGS = flags.FLAGS
+
+
+def compile_target(target: str) -> dict:
+    """Runs run.py --mode=compile for a target; returns its compile.json (plus seconds, rc)."""
+    workdir = os.path.join(FLAGS.out_dir, target)
+    model = os.path.join(ROOT, "benchmarks", "model_configs", MODELS[target.split("-")[0]])
+    cmd = [
+        sys.executable,
+        os.path.join(ROOT, "run.py"),
+        f"--config={os.path.join(ROOT, 'configs', 'qwen.py')}:{target}",
+        f"--config.model.path={model}",
+        f"--workdir={workdir}",
+        "--mode=compile",
+    ]
+    env = {**os.environ, "JAX_PLATFORMS": "cpu"}  # compile for the topology; run nothing
+    start = time.perf_counter()
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
+    path = os.path.join(workdir, "compile.json")
+    if not os.path.isfile(path):
+        raise RuntimeError(f"{target}: no compile.json (exit {proc.returncode}):\n{proc.stderr}")
+    with open(path) as f:
+        report = json.load(f)
+    return {**report, "seconds": time.perf_counter() - start, "rc": proc.returncode}
+
+
+def row(target: str, r: dict) -> str:
+    """One markdown table row (GiB per chip)."""
+    res = r["resident_bytes_per_chip"]
+    peaks = {p["name"]: p["peak_bytes_per_chip"] / GIB for p in r["programs"]}
+    s = r["settings"]
+    cells = [
+        target,
+        f"{r['chips']} x {r['device_kind']}, {r['hbm_bytes_per_chip'] / GIB:.1f}",
+        f"{s['rollout_rows']} / {s['update_rows_per_micro_step']}",
+        " / ".join(f"{res[k] / GIB:.1f}" for k in ("params", "opt_state", "reference", "kv_cache")),
+        *(f"{peaks[k]:.1f}" for k in ("update_micro_step", "logprob_pass", "rollout_prefill")),
+        f"{peaks['rollout_decode']:.1f}",
+        "yes" if r["fits"] else "**no**",
+    ]
+    return "| " + " | ".join(cells) + " |"
+
+
+def main(argv: list[str]) -> None:
+    """Compiles every target and prints the table."""
+    del argv
+    header = (
+        "| target | chips, GiB each | rows: rollout chunk / micro-step | resident: params / "
+        "optimizer / reference / KV cache | update | log-probs | prefill | decode | fits |"
+    )
+    lines = [header, "|" + " --- |" * 9]
+    for target in FLAGS.targets:
+        report = compile_target(target)
+        print(
+            f"{target}: {'fits' if report['fits'] else 'does NOT fit'} ({report['seconds']:.0f} s)",
+            flush=True,
+        )
+        lines.append(row(target, report))
+    print("\n".join(lines))
+
+
+if __name__ == "__main__":
+    app.run(main)
