@@ -288,7 +288,8 @@ def check(config: Any, cfg: QwenConfig, workdir: str) -> dict:
         "rollout_prefill": resident["opt_state"] + resident["reference"],
         "rollout_decode": resident["opt_state"] + resident["reference"],
     }
-    resident["kv_cache"] = device_bytes(lowered["rollout_decode"][1][1])
+    _, decode_args = lowered["rollout_decode"]
+    resident["kv_cache"] = device_bytes(decode_args[1])  # (params, cache, logits, ...)
     programs = []
     for name, (low, args) in lowered.items():
         program, compiled = compile_memory(name, low, args, beside[name])
