@@ -1,7 +1,7 @@
 """Compiles the paper's setting for each hardware target of configs/qwen.py (run.py --mode=compile)
-and prints one table: resident state and peak memory per chip of every program, and whether it
-fits. Needs libtpu (`pip install "libtpu==0.0.42.*"`); no TPU and no weights (model
-architectures from benchmarks/model_configs).
+and prints one table: resident state and peak memory per chip of every program, whether it fits,
+and the step-time estimate (seal_jax/estimate.py). Needs libtpu (`pip install
+"libtpu==0.0.42.*"`); no TPU and no weights (model architectures from benchmarks/model_configs).
 
     python -m benchmarks.compile_targets                       # every target
     python -m benchmarks.compile_targets --targets=7b-v5p-8 --out_dir=workdirs/compile_targets
@@ -64,6 +64,8 @@ def row(target: str, r: dict) -> str:
         *(f"{peaks[k]:.1f}" for k in ("update_micro_step", "logprob_pass", "rollout_prefill")),
         f"{peaks['rollout_decode']:.1f}",
         "yes" if r["fits"] else "**no**",
+        f"{r['estimate']['update_s_per_step']:.0f} / {r['estimate']['rollout_s_per_step']:.0f} s, "
+        f"{r['estimate']['paper_run_hours']:.1f} h",
     ]
     return "| " + " | ".join(cells) + " |"
 
@@ -73,9 +75,10 @@ def main(argv: list[str]) -> None:
     del argv
     header = (
         "| target | chips, GiB each | rows: rollout chunk / micro-step | resident: params / "
-        "optimizer / reference / KV cache | update | log-probs | prefill | decode | fits |"
+        "optimizer / reference / KV cache | update | log-probs | prefill | decode | fits | "
+        "estimate: update / rollout per step, 72 steps |"
     )
-    lines = [header, "|" + " --- |" * 9]
+    lines = [header, "|" + " --- |" * 10]
     for target in FLAGS.targets:
         report = compile_target(target)
         print(

@@ -23,7 +23,7 @@ import jax.numpy as jnp
 from jax.sharding import Mesh
 
 from seal_jax import config as config_lib
-from seal_jax import optim, sharding
+from seal_jax import estimate, optim, sharding
 from seal_jax import update as update_lib
 from seal_jax.models import LoadedModel, QwenConfig
 from seal_jax.models.checkpoint import param_shapes
@@ -299,6 +299,7 @@ def check(config: Any, cfg: QwenConfig, workdir: str) -> dict:
             with open(os.path.join(workdir, "hlo", f"{name}.txt"), "w") as f:
                 f.write(compiled.as_text())
     report = _report(config, devices, resident, programs)
+    report["estimate"] = estimate.step_estimate(config, cfg, devices[0].device_kind, len(devices))
     with open(os.path.join(workdir, "compile.json"), "w") as f:
         json.dump(report, f, indent=2)
     print(format_table(report))
@@ -371,4 +372,11 @@ def format_table(report: dict) -> str:
         sizes = (p["argument_bytes"], p["temp_bytes"], p["output_bytes"], p["other_resident_bytes"])
         cells = "".join(f"{b / GIB:>10.2f}" for b in (*sizes, p["peak_bytes_per_chip"]))
         lines.append(f"{p['name']:<20}{cells}  {'yes' if p['fits'] else 'NO'}")
+    e = report.get("estimate")
+    if e:
+        lines.append(
+            f"estimate per step: update {e['update_s_per_step']:.0f} s, rollout "
+            f"{e['rollout_s_per_step']:.0f} s; the paper's 72 steps {e['paper_run_hours']:.1f} h "
+            f"({e['assumptions']})"
+        )
     return "\n".join(lines)

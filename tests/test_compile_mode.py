@@ -3,14 +3,19 @@ model's config.json alone, compile.json reports it, and a config that cannot fit
 one line naming the program and what to change. (TPU topologies: benchmarks/compile_targets.py.)"""
 
 import json
+import math
 import os
 import subprocess
 import sys
 
+import jax
 import pytest
 
 from configs import qwen
 from seal_jax import config as config_lib
+from seal_jax import estimate
+from seal_jax.models import QwenConfig
+from seal_jax.models.checkpoint import param_shapes
 from tests.devices import REPO
 
 ARGS = [
@@ -66,3 +71,21 @@ def test_hardware_targets_keep_the_paper_setting_and_combine_with_variants():
     for bad in ("seal,vanilla_grpo", "v9-8", "7b-v5p-8,3b-v5e-8"):
         with pytest.raises(ValueError, match="at most one variant"):
             qwen.get_config(bad)
+
+
+def test_step_estimate_counts_every_weight_matrix_and_scales_with_chips():
+    cfg = QwenConfig.from_dir(os.path.join(REPO, "benchmarks", "model_configs", "qwen2.5-7b"))
+    leaves = jax.tree_util.tree_flatten_with_path(param_shapes(cfg))[0]
+    matrices = sum(
+        math.prod(x.shape) for path, x in leaves if path[-1].key in ("kernel", "lm_head")
+    )
+    assert estimate.matmul_parameters(cfg) == matrices  # q/k/v/o, MLP, output matrix
+    c = qwen.get_config("7b-v5p-8")
+    four, eight = (estimate.step_estimate(c, cfg, "TPU v5", n) for n in (4, 8))
+    tokens, length = 32 * 8 * 16384, 16384
+    attention = 2 * 28 * 28 * 128 * tokens * length  # causal: half the keys, scores and values
+    # update with remat (4 forward passes), old and reference log-probs (1 each)
+    assert four["update_flops_per_step"] == 6 * (2 * matrices * tokens + attention)
+    assert eight["update_s_per_step"] == pytest.approx(four["update_s_per_step"] / 2)
+    assert eight["paper_run_hours"] == pytest.approx(four["paper_run_hours"] / 2)
+    assert estimate.step_estimate(c, cfg, "cpu", 8) == {}

@@ -1,0 +1,70 @@
+"""Analytic step-time estimates of the paper's training step on a TPU target.
+
+Counted by hand because XLA's cost analysis counts a scanned layer once. FLOPs of a forward pass
+over `tokens` tokens of sequences `length` long: `2 x matmul parameters x tokens` plus causal
+attention, `2 x 2 x layers x heads x head_dim x tokens x length / 2` (scores and values, half the
+keys on average). An update micro-step with remat costs 4 forward passes (forward, recompute,
+backward twice); the old / reference log-prob passes one each. Decoding is bound by memory
+bandwidth: each decode step reads the weights in the compute dtype and the KV cache of the
+rollout chunk. Times assume MFU_ASSUMED of the chips' peak bf16 FLOP/s and full HBM bandwidth,
+and every row filling the context, half of it generated: upper bounds for a step's work.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from seal_jax.models import QwenConfig
+
+MFU_ASSUMED = 0.4
+# Peak bf16 FLOP/s and HBM bytes/s per chip, by device kind (the vendors' figures).
+PEAK_FLOPS = {"TPU v4": 275e12, "TPU v5 lite": 197e12, "TPU v5": 459e12, "TPU v6 lite": 918e12}
+HBM_BANDWIDTH = {
+    "TPU v4": 1.2e12,
+    "TPU v5 lite": 0.82e12,
+    "TPU v5": 2.76e12,
+    "TPU v6 lite": 1.64e12,
+}
+PAPER_STEPS = 72
+
+
+def matmul_parameters(cfg: QwenConfig) -> int:
+    """Weights multiplied per token: q/k/v/o, the MLP, and the output matrix."""
+    q, kv = cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim
+    attention = cfg.hidden_size * (2 * q + 2 * kv)
+    mlp = 3 * cfg.hidden_size * cfg.intermediate_size
+    return cfg.num_layers * (attention + mlp) + cfg.hidden_size * cfg.vocab_size
+
+
+def forward_flops(cfg: QwenConfig, rows: int, length: int) -> float:
+    """FLOPs of one forward pass over `rows` sequences of `length` tokens."""
+    tokens = rows * length
+    attention = 2 * cfg.num_layers * cfg.num_heads * cfg.head_dim * tokens * length
+    return 2.0 * matmul_parameters(cfg) * tokens + attention
+
+
+def step_estimate(config: Any, cfg: QwenConfig, device_kind: str, chips: int) -> dict:
+    """Seconds of the update and of the rollout of one training step at the config's sizes, and
+    of the paper's 72 steps; {} for a device kind without figures (e.g. CPU)."""
+    if device_kind not in PEAK_FLOPS:
+        return {}
+    length = config.rollout.context_limit
+    rows = config.train.batch_tasks * config.rl.group_size
+    passes = 4 + (config.rl.old_logprobs == "recompute") + (config.rl.kl_coef > 0)
+    update_flops = passes * forward_flops(cfg, rows, length)
+    update_s = update_flops / (chips * PEAK_FLOPS[device_kind] * MFU_ASSUMED)
+    chunk = (config.rollout.micro_batch_tasks or config.train.batch_tasks) * config.rl.group_size
+    kv_bytes_per_token = 2 * cfg.num_layers * cfg.num_kv_heads * cfg.head_dim * 2  # k, v in bf16
+    weights = 2 * matmul_parameters(cfg)  # bf16
+    generated = length // 2
+    # Per decode step: the weights once, and the cache as it grows (on average half the context).
+    step_bytes = weights + chunk * kv_bytes_per_token * length / 2
+    rollout_s = (rows // chunk) * generated * step_bytes / (chips * HBM_BANDWIDTH[device_kind])
+    return {
+        "assumptions": f"{MFU_ASSUMED:.0%} MFU, full HBM bandwidth, every row {length} tokens "
+        f"({generated} generated)",
+        "update_flops_per_step": update_flops,
+        "update_s_per_step": update_s,
+        "rollout_s_per_step": rollout_s,
+        "paper_run_hours": PAPER_STEPS * (update_s + rollout_s) / 3600,
+    }
