@@ -23,7 +23,7 @@ import jax.numpy as jnp
 from jax.sharding import Mesh
 
 from seal_jax import config as config_lib
-from seal_jax import estimate, optim, sharding
+from seal_jax import episodes, estimate, optim, sharding
 from seal_jax import update as update_lib
 from seal_jax.models import LoadedModel, QwenConfig
 from seal_jax.models.checkpoint import param_shapes
@@ -39,9 +39,6 @@ _UPDATE_BATCH = {
     "ref_logprobs": jnp.float32,
 }
 GIB = 2**30
-# Memory a program may use per chip, by device kind: what libtpu 0.0.42's compiler reports as
-# available (its overflow message), a little under the chip's HBM (v6e: its 32 GB, unverified).
-HBM_GIB = {"TPU v4": 30.75, "TPU v5 lite": 15.75, "TPU v5": 95.74, "TPU v6 lite": 32.0}
 
 
 class DoesNotFit(config_lib.ConfigError):
@@ -83,11 +80,6 @@ def _with_shardings(shapes: Any, shardings: Any) -> Any:
     )
 
 
-def update_batch_rows(config: Any) -> int:
-    """Rows of one update micro-step: train.mini_batch_tasks x rl.group_size / optim.grad_accum."""
-    return config.train.mini_batch_tasks * config.rl.group_size // config.optim.grad_accum
-
-
 def abstract_opt_state(updater: update_lib.Updater, params: Any) -> Any:
     """The optimizer state of params as ShapeDtypeStructs with its shardings."""
     shards = optim.opt_state_shardings(
@@ -96,22 +88,25 @@ def abstract_opt_state(updater: update_lib.Updater, params: Any) -> Any:
     return _with_shardings(jax.eval_shape(updater.optimizer.init, params), shards)
 
 
-def lower_update(config: Any, model: LoadedModel, length: int) -> tuple[Any, tuple]:
+def lower_update(updater: update_lib.Updater, model: LoadedModel, length: int) -> tuple[Any, tuple]:
     """The update micro-step at its largest shape (rows of `length` tokens, whole sequences),
     lowered for the model's mesh; returns (lowered, its arguments)."""
-    updater = update_lib.build_updater(config, model)
+    config = updater.config
     state = abstract_opt_state(updater, model.params)
-    batch = _batch(model.mesh, update_batch_rows(config), length, config.rl.kl_coef > 0)
+    rows = update_lib.micro_batch_rows(config)
+    batch = _batch(model.mesh, rows, length, config.rl.kl_coef > 0)
     args = (model.params, state, batch)
     with jax.set_mesh(model.mesh):
         return updater.step_fn.lower(*args), args
 
 
-def lower_logprobs(config: Any, model: LoadedModel, length: int) -> tuple[Any, tuple]:
+def lower_logprobs(
+    updater: update_lib.Updater, model: LoadedModel, length: int
+) -> tuple[Any, tuple]:
     """The old / reference log-prob pass over one micro-batch of rows; returns (lowered,
     arguments)."""
-    updater = update_lib.build_updater(config, model)
-    batch = _batch(model.mesh, update_batch_rows(config), length, with_ref=False)
+    rows = update_lib.micro_batch_rows(updater.config)
+    batch = _batch(model.mesh, rows, length, with_ref=False)
     keys = ("input_ids", "positions", "mask", "targets")
     args = (model.params, {k: batch[k] for k in keys})
     with jax.set_mesh(model.mesh):
@@ -123,8 +118,7 @@ def lower_rollout(config: Any, model: LoadedModel, engine: Any) -> dict[str, tup
     of one rollout chunk, a cache of the whole context); name -> (lowered, arguments)."""
     from seal_jax.rollout import params_layout
 
-    tasks = config.rollout.micro_batch_tasks or config.train.batch_tasks
-    rows = engine.batch_bucket(tasks * config.rl.group_size)
+    rows = engine.batch_bucket(episodes.chunk_rows(config))
     cache = engine.abstract_cache(rows, engine.cache_len(config.rollout.context_limit))
     per_row = {
         "logits": jax.ShapeDtypeStruct((rows, model.config.vocab_size), jnp.float32),
@@ -226,9 +220,9 @@ def target_devices(topology: str) -> list[Any]:
 def hbm_bytes(device: Any) -> int:
     """Memory of one chip (TPU by device kind; a CPU device gets its share of host memory)."""
     if device.platform == "tpu":
-        if device.device_kind not in HBM_GIB:
+        if device.device_kind not in estimate.CHIPS:
             raise config_lib.ConfigError(f"unknown TPU kind {device.device_kind!r}")
-        return int(HBM_GIB[device.device_kind] * GIB)
+        return int(estimate.CHIPS[device.device_kind].available_hbm_gib * GIB)
     host = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     return host // len(jax.local_devices())
 
@@ -253,20 +247,11 @@ def check(config: Any, cfg: QwenConfig, workdir: str) -> dict:
         config_lib.dtype(config.model.param_dtype),
         config_lib.dtype(config.model.compute_dtype),
     )
-    r = config.rollout
-    engine = rollout.RolloutEngine(
-        cfg,
-        mesh,
-        rollout.EngineConfig(
-            context_limit=r.context_limit,
-            max_new_tokens=r.max_new_tokens,
-            stop_ids=(0,),
-            prefill_chunk=r.prefill_chunk,
-            min_batch=r.min_batch,
-            min_prefill_width=r.min_prefill_width,
-        ),
-        model.compute_dtype,
+    length = config.rollout.context_limit
+    engine_config = rollout.EngineConfig.from_config(
+        config.rollout, config.rollout.max_new_tokens, stop_ids=(0,)
     )
+    engine = rollout.RolloutEngine(cfg, mesh, engine_config, model.compute_dtype)
     updater = update_lib.build_updater(config, model)
     reference = jax.tree.map(
         lambda x: jax.ShapeDtypeStruct(x.shape, model.compute_dtype, sharding=x.sharding),
@@ -278,8 +263,8 @@ def check(config: Any, cfg: QwenConfig, workdir: str) -> dict:
         "reference": device_bytes(reference) if config.rl.kl_coef > 0 else 0,
     }
     lowered = {
-        "update_micro_step": lower_update(config, model, r.context_limit),
-        "logprob_pass": lower_logprobs(config, model, r.context_limit),
+        "update_micro_step": lower_update(updater, model, length),
+        "logprob_pass": lower_logprobs(updater, model, length),
         **lower_rollout(config, model, engine),
     }
     beside = {  # resident state alive during each program that it does not take as an argument
@@ -303,8 +288,8 @@ def check(config: Any, cfg: QwenConfig, workdir: str) -> dict:
     with open(os.path.join(workdir, "compile.json"), "w") as f:
         json.dump(report, f, indent=2)
     print(format_table(report))
-    worst = max(programs, key=lambda p: p.peak_bytes - report["hbm_bytes_per_chip"])
     if not report["fits"]:
+        worst = max(programs, key=lambda p: p.peak_bytes)
         over = (worst.peak_bytes - report["hbm_bytes_per_chip"]) / GIB
         raise DoesNotFit(
             f"{worst.name} needs {worst.peak_bytes / GIB:.2f} GiB per chip, {over:.2f} GiB more "
@@ -330,8 +315,9 @@ def _advice(program: str) -> str:
 def _report(config: Any, devices: list, resident: dict, programs: list[ProgramMemory]) -> dict:
     """The JSON record of a compile check."""
     hbm = hbm_bytes(devices[0])
+    fits = [p.peak_bytes <= hbm and not p.error for p in programs]
     return {
-        "fits": all(p.peak_bytes <= hbm and not p.error for p in programs),
+        "fits": all(fits),
         "topology": config.aot.topology or "local",
         "device_kind": devices[0].device_kind,
         "chips": len(devices),
@@ -339,20 +325,15 @@ def _report(config: Any, devices: list, resident: dict, programs: list[ProgramMe
         "resident_bytes_per_chip": resident,
         "settings": {
             "context_limit": config.rollout.context_limit,
-            "update_rows_per_micro_step": update_batch_rows(config),
-            "rollout_rows": (config.rollout.micro_batch_tasks or config.train.batch_tasks)
-            * config.rl.group_size,
+            "update_rows_per_micro_step": update_lib.micro_batch_rows(config),
+            "rollout_rows": episodes.chunk_rows(config),
             "param_dtype": config.model.param_dtype,
             "compute_dtype": config.model.compute_dtype,
             "mesh": dict(config.mesh),
         },
         "programs": [
-            {
-                **dataclasses.asdict(p),
-                "peak_bytes_per_chip": p.peak_bytes,
-                "fits": p.peak_bytes <= hbm,
-            }
-            for p in programs
+            {**dataclasses.asdict(p), "peak_bytes_per_chip": p.peak_bytes, "fits": fit}
+            for p, fit in zip(programs, fits)
         ],
     }
 

@@ -42,7 +42,7 @@ def validate(c: Any) -> None:
         if size == 0 or size < -1:
             raise ConfigError(f"--config.mesh.{axis}={size}: use a positive size or -1")
     _choice(c.optim.schedule, "optim.schedule", optim.SCHEDULES)
-    _choice(c.optim.mu_dtype, "optim.mu_dtype", tuple(optim.MU_DTYPES))
+    _choice(c.optim.mu_dtype, "optim.mu_dtype", tuple(DTYPES))
     _check_bf16_updates(c)
     _choice(c.rl.kl_estimator, "rl.kl_estimator", rl.KL_ESTIMATORS)
     _choice(c.rl.loss_agg, "rl.loss_agg", rl.LOSS_AGGS)

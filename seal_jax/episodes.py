@@ -187,6 +187,12 @@ def collect_episodes(
     return concatenate(gathered, parallel=True)
 
 
+def chunk_rows(config: Any) -> int:
+    """Rows of one rollout of a training step on one host: rollout.micro_batch_tasks (0: the
+    step's batch_tasks) x rl.group_size."""
+    return (config.rollout.micro_batch_tasks or config.train.batch_tasks) * config.rl.group_size
+
+
 def open_pool(source: TaskSource, env_config: Any, mode: str) -> EnvPool:
     """An environment pool over the source's tasks with `config.env`'s settings, in episode
     `mode` ("training" or "official")."""

@@ -1,4 +1,4 @@
-"""Analytic step-time estimates of the paper's training step on a TPU target.
+"""TPU chip figures, and analytic step-time estimates of the paper's training step on them.
 
 Counted by hand because XLA's cost analysis counts a scanned layer once. FLOPs of a forward pass
 over `tokens` tokens of sequences `length` long: `2 x matmul parameters x tokens` plus causal
@@ -12,20 +12,33 @@ and every row filling the context, half of it generated: upper bounds for a step
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
+from seal_jax import episodes
 from seal_jax.models import QwenConfig
 
 MFU_ASSUMED = 0.4
-# Peak bf16 FLOP/s and HBM bytes/s per chip, by device kind (the vendors' figures).
-PEAK_FLOPS = {"TPU v4": 275e12, "TPU v5 lite": 197e12, "TPU v5": 459e12, "TPU v6 lite": 918e12}
-HBM_BANDWIDTH = {
-    "TPU v4": 1.2e12,
-    "TPU v5 lite": 0.82e12,
-    "TPU v5": 2.76e12,
-    "TPU v6 lite": 1.64e12,
-}
 PAPER_STEPS = 72
+
+
+@dataclasses.dataclass(frozen=True)
+class Chip:
+    """Figures of one TPU kind: the memory a program may use (what libtpu 0.0.42's compiler
+    reports as available, a little under the HBM; v6e: its 32 GB, unverified), and the vendor's
+    peak bf16 FLOP/s and HBM bytes/s."""
+
+    available_hbm_gib: float
+    peak_flops: float
+    hbm_bandwidth: float
+
+
+CHIPS = {  # by jax device_kind
+    "TPU v4": Chip(30.75, 275e12, 1.2e12),
+    "TPU v5 lite": Chip(15.75, 197e12, 0.82e12),
+    "TPU v5": Chip(95.74, 459e12, 2.76e12),
+    "TPU v6 lite": Chip(32.0, 918e12, 1.64e12),
+}
 
 
 def matmul_parameters(cfg: QwenConfig) -> int:
@@ -46,20 +59,21 @@ def forward_flops(cfg: QwenConfig, rows: int, length: int) -> float:
 def step_estimate(config: Any, cfg: QwenConfig, device_kind: str, chips: int) -> dict:
     """Seconds of the update and of the rollout of one training step at the config's sizes, and
     of the paper's 72 steps; {} for a device kind without figures (e.g. CPU)."""
-    if device_kind not in PEAK_FLOPS:
+    if device_kind not in CHIPS:
         return {}
+    chip = CHIPS[device_kind]
     length = config.rollout.context_limit
     rows = config.train.batch_tasks * config.rl.group_size
     passes = 4 + (config.rl.old_logprobs == "recompute") + (config.rl.kl_coef > 0)
     update_flops = passes * forward_flops(cfg, rows, length)
-    update_s = update_flops / (chips * PEAK_FLOPS[device_kind] * MFU_ASSUMED)
-    chunk = (config.rollout.micro_batch_tasks or config.train.batch_tasks) * config.rl.group_size
+    update_s = update_flops / (chips * chip.peak_flops * MFU_ASSUMED)
+    chunk = episodes.chunk_rows(config)
     kv_bytes_per_token = 2 * cfg.num_layers * cfg.num_kv_heads * cfg.head_dim * 2  # k, v in bf16
     weights = 2 * matmul_parameters(cfg)  # bf16
     generated = length // 2
     # Per decode step: the weights once, and the cache as it grows (on average half the context).
     step_bytes = weights + chunk * kv_bytes_per_token * length / 2
-    rollout_s = (rows // chunk) * generated * step_bytes / (chips * HBM_BANDWIDTH[device_kind])
+    rollout_s = (rows // chunk) * generated * step_bytes / (chips * chip.hbm_bandwidth)
     return {
         "assumptions": f"{MFU_ASSUMED:.0%} MFU, full HBM bandwidth, every row {length} tokens "
         f"({generated} generated)",

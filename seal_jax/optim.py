@@ -20,7 +20,6 @@ import optax
 from jax.sharding import NamedSharding, PartitionSpec
 
 SCHEDULES = ("constant", "cosine", "linear")
-MU_DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}  # Adam's first moment
 
 
 def make_schedule(optim_config: Any) -> optax.Schedule:
@@ -56,7 +55,7 @@ def make_optimizer(optim_config: Any) -> optax.GradientTransformation:
         b2=c.b2,
         eps=c.eps,
         weight_decay=c.weight_decay,
-        mu_dtype=MU_DTYPES[c.mu_dtype],
+        mu_dtype=jnp.dtype(c.mu_dtype),  # "float32" | "bfloat16"
     )
     optimizer = optax.chain(optax.clip_by_global_norm(c.grad_clip), adamw) if c.grad_clip else adamw
     if c.grad_accum == 1:

@@ -107,6 +107,27 @@ class EngineConfig:
         if self.decode_segment < 1:
             raise ValueError(f"decode_segment must be >= 1, got {self.decode_segment}")
 
+    @classmethod
+    def from_config(
+        cls,
+        rollout_config: Any,
+        max_new_tokens: int,
+        stop_ids: tuple[int, ...],
+        sampling: SamplingParams | None = None,
+    ) -> EngineConfig:
+        """The settings of `config.rollout` (context limit, prefill chunk, bucket floors) with
+        this engine's reply budget, stop ids and sampling rule (default: the field's)."""
+        r = rollout_config
+        return cls(
+            context_limit=r.context_limit,
+            max_new_tokens=max_new_tokens,
+            stop_ids=tuple(stop_ids),
+            sampling=sampling or SamplingParams(),
+            prefill_chunk=r.prefill_chunk,
+            min_batch=r.min_batch,
+            min_prefill_width=r.min_prefill_width,
+        )
+
 
 @dataclasses.dataclass
 class Turn:

@@ -116,15 +116,8 @@ def _engine(
     """A rollout engine for the policy; rollouts are host-local: on one process the global
     mesh, else this process's devices."""
     mesh = distributed.local_mesh() if distributed.multi_process() else model.mesh
-    r = config.rollout
-    engine_config = rollout.EngineConfig(
-        context_limit=r.context_limit,
-        max_new_tokens=max_new,
-        stop_ids=chat.stop_ids,
-        sampling=sampling,
-        prefill_chunk=r.prefill_chunk,
-        min_batch=r.min_batch,
-        min_prefill_width=r.min_prefill_width,
+    engine_config = rollout.EngineConfig.from_config(
+        config.rollout, max_new, chat.stop_ids, sampling
     )
     return rollout.RolloutEngine(model.config, mesh, engine_config, model.compute_dtype)
 

@@ -58,7 +58,7 @@ def build_updater(config: Any, model: LoadedModel) -> Updater:
       ConfigError: a micro-batch does not split over the mesh's batch shards.
     """
     shards = model.mesh.shape["data"] * model.mesh.shape["fsdp"]
-    rows = config.train.mini_batch_tasks * config.rl.group_size // config.optim.grad_accum
+    rows = micro_batch_rows(config)
     if rows % shards:
         raise config_lib.ConfigError(
             f"a micro-batch of {rows} rollouts does not split over the {shards} batch shards "
@@ -106,6 +106,11 @@ def build_updater(config: Any, model: LoadedModel) -> Updater:
     )
     share_prompt = can_share_prompt(config, shards)
     return Updater(config, model.mesh, step_fn, forward, share_prompt, optimizer, init_opt_state)
+
+
+def micro_batch_rows(config: Any) -> int:
+    """Rows of one update micro-step: train.mini_batch_tasks x rl.group_size / optim.grad_accum."""
+    return config.train.mini_batch_tasks * config.rl.group_size // config.optim.grad_accum
 
 
 def frozen_reference(params: Any, compute_dtype: Any) -> Any:

@@ -12,7 +12,7 @@ PROGRAM = f"""
 import json
 import jax, jax.numpy as jnp
 from configs.qwen import get_config
-from seal_jax import aot, sharding
+from seal_jax import aot, sharding, update
 from seal_jax.models import QwenConfig
 
 n = jax.device_count()
@@ -24,7 +24,8 @@ c = get_config()  # the paper's setting: FSDP over every device, fp32 params, bf
 c.train.mini_batch_tasks, c.rl.group_size, c.optim.grad_accum = n, 1, 1  # one row per device
 c.model.attn_chunk = c.model.logprob_chunk = 128
 model = aot.abstract_model(cfg, sharding.make_mesh(1, n, 1), jnp.float32, jnp.bfloat16)
-memory, compiled = aot.compile_memory("update", *aot.lower_update(c, model, {LENGTH}))
+updater = update.build_updater(c, model)
+memory, compiled = aot.compile_memory("update", *aot.lower_update(updater, model, {LENGTH}))
 gathers = [shape for (op, shape), _ in aot.collectives(compiled.as_text()).items()
            if op == "all-gather"]
 print(json.dumps({{"temp": memory.temp_bytes, "gathers": gathers}}))
