@@ -102,7 +102,8 @@ def base_config() -> ml_collections.ConfigDict:
     c.rl.kl_estimator = "k3"  # k1 | k2 | k3 ("low_var_kl", the paper's)
     c.rl.entropy_coef = 0.0  # weight of the per-token entropy bonus (the paper: none)
     # token-mean | seq-mean-token-mean | seq-mean-token-sum-norm. The release's config says
-    # token-mean; its one-trajectory micro-batches made it seq-mean-token-mean in effect.
+    # token-mean; its one-trajectory micro-batches made it seq-mean-token-mean in effect, which
+    # configs/qwen.py (the paper's setting) uses.
     c.rl.loss_agg = "token-mean"
     # seq-mean-token-sum-norm divides each sequence's token sum by this constant (Dr. GRPO): the
     # most tokens after the prompt, 16384 context - 8192 prompt.
@@ -144,6 +145,10 @@ def base_config() -> ml_collections.ConfigDict:
     c.interface = ml_collections.ConfigDict()
     c.interface.schema_cues = "static"  # [required] and enum markers per tool, instruction line
     c.interface.schema_types = False  # schema cues also name each parameter's type
+    # How tools are shown, in training and evaluation (environments/rendering.py): release (the
+    # BFCL docs as they are, the SEAL release's cue wording; configs/qwen.py) | chat_template
+    # (OpenAI-style tools as Qwen's chat template renders them, the suite's tokenizer's text)
+    c.interface.prompt_style = "chat_template"
     c.interface.affordance_cues = "off"  # per tool: a line urging its use
     c.interface.error_hints = "off"  # per error kind: an actionable line on error observations
     c.interface.guidelines = "off"  # per tag: a behavioural line in the system prompt
@@ -162,10 +167,20 @@ def base_config() -> ml_collections.ConfigDict:
     # The environment (host side).
     c.env = ml_collections.ConfigDict()
     c.env.name = "bfcl"  # bfcl | suite
+    # BFCL's 400/400 split: release (the official SEAL release's ids, the paper's) | seeded (the
+    # project's own draw, seed 2605); environments/bfcl/tasks.py: SPLIT_FILES
+    c.env.bfcl_split = "release"
     c.env.num_workers = 2  # environment worker processes per host
     c.env.max_model_calls = 20  # assistant messages per episode
     c.env.call_time_limit_s = 5.0  # wall-clock seconds one tool call may run
-    c.env.train_mode = "training"  # training | official: episode semantics for training rollouts
+    # Episode semantics of training rollouts (environments/episode.py): release (the SEAL
+    # release's environment; configs/qwen.py) | official (BFCL's runner) | training (schema
+    # breaking calls refused, this project's option)
+    c.env.train_mode = "training"
+    # instance_mismatch tag: instantiated (the release's rule: instantiated class sets differ,
+    # which BFCL's executor makes practically never) | touched (stricter: the classes the calls
+    # ran on differ); environments/diagnosis.py
+    c.env.instance_mismatch = "instantiated"
 
     # Rollouts (device side).
     c.rollout = ml_collections.ConfigDict()
@@ -191,10 +206,19 @@ def base_config() -> ml_collections.ConfigDict:
     c.train.eval_limit = 0  # evaluation tasks, round-robin over categories (0: the whole split)
     c.train.eval_batch_tasks = 32  # evaluation tasks per rollout batch
     c.train.eval_max_new_tokens = 1024  # per model turn in evaluation (greedy)
+    # Evaluation protocols (environments/episode.py: PROTOCOLS), each run and reported; the
+    # first one's numbers are eval/mean and pick the best checkpoint: release (the SEAL
+    # release's validation environment, the paper's table; configs/qwen.py) | official (BFCL's
+    # runner)
+    c.train.eval_protocols = ("official",)
     c.train.checkpoint_every = 1  # steps between checkpoints (also saved at each evaluation)
     c.train.keep_checkpoints = 3  # the last K are kept, plus the best
     c.train.best_metric = "eval/mean"  # picks the best checkpoint: or eval/accuracy/<category>
     c.train.length_bucket = 256  # training batch lengths are padded to a multiple of this
+    # Train on at most this many ids of each episode after its initial prompt (counted from the
+    # first assistant turn's generation prompt on, tool and user ids included, as the release
+    # counts them); later ids are cut from the update. 0: no cap; configs/qwen.py: 4096.
+    c.train.max_response_tokens = 0
     # Update batches hold each task's prompt once for its group_size rollouts (same loss and
     # gradient, fewer tokens to run; benchmarks/README.md, "Shared prompts in the update").
     c.train.share_prompt = True

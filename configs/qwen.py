@@ -77,6 +77,17 @@ def get_config(spec: str = "seal") -> ml_collections.ConfigDict:
     c.mesh.data = 1
     c.mesh.fsdp = -1
     c.mesh.tensor = 1
+    # The release's protocol (docs/method.md, section 1): every trajectory counts alike in the
+    # loss, each trained on its first 4,096 ids after the prompt.
+    c.rl.loss_agg = "seq-mean-token-mean"
+    c.train.max_response_tokens = 4096
+    # The release's environment and prompt (docs/protocol.md): its episode semantics in training,
+    # the BFCL docs shown as they are with its cue wording, its validation environment first
+    # among the evaluation protocols (the paper's table), 4,096 new tokens per reply.
+    c.env.train_mode = "release"
+    c.interface.prompt_style = "release"
+    c.train.eval_protocols = ("release", "official")
+    c.train.eval_max_new_tokens = 4096
     if targets:
         for key, value in TARGETS[targets[0]].items():
             section, field = key.split(".")

@@ -4,6 +4,12 @@ Tags follow docs/method.md section 2 (first matching rule wins). Two project cho
 gets `instance_mismatch` only when it fails the official check (so `pass` always means the
 official checker accepts the turn), and `checker_error` is tested before the comparisons
 that need the checker. Causes are observations about the turn, not alternatives to the tag.
+
+`instance_mismatch` has two rules (INSTANCE_RULES): "instantiated", the SEAL release's (the
+sets of instantiated tool classes differ, or the ground truth has none; BFCL's executor
+instantiates every class of the task for any call list it runs, so once a model call ran the
+sets are equal and the tag practically never fires), and "touched", this project's stricter
+option (the classes the model's calls ran on differ from the ground truth's).
 """
 
 from dataclasses import dataclass, field
@@ -19,6 +25,7 @@ TAGS = (
     "checker_error",
     "pass",
 )
+INSTANCE_RULES = ("instantiated", "touched")
 CAUSES = ("invalid_tool_call", "argument_mismatch", "recovery_failure", "missing_tool_call")
 GOOD_TAGS = frozenset({"pass", "correct_abstention"})
 # Tags that blame the ground truth or the checker, not the policy: they get no utility of their
@@ -33,11 +40,15 @@ class TurnRecord:
     Attributes:
       truth_tools: names of the ground-truth calls of the turn.
       truth_classes: classes the ground-truth calls ran on.
+      truth_instances: classes BFCL's executor instantiates for the ground truth (all of the
+        task's, also for an empty call list).
       truth_error: a ground-truth call could not be parsed or raised.
       reached: the episode got to this turn.
       made_calls: the model made at least one decodable call.
       model_tools: names of the model's calls that ran.
       model_classes: classes the model's calls ran on.
+      model_instances: classes BFCL's executor instantiates for the model's calls: all of the
+        task's once a call of the turn went to the executor, else none.
       invalid_calls: unparseable blocks and calls to tools that do not exist.
       argument_errors: calls whose arguments broke the tool's schema.
       error_kinds: error kinds of every error observation in the turn, in order.
@@ -48,11 +59,13 @@ class TurnRecord:
 
     truth_tools: list[str] = field(default_factory=list)
     truth_classes: set[str] = field(default_factory=set)
+    truth_instances: set[str] = field(default_factory=set)
     truth_error: bool = False
     reached: bool = True
     made_calls: bool = False
     model_tools: set[str] = field(default_factory=set)
     model_classes: set[str] = field(default_factory=set)
+    model_instances: set[str] = field(default_factory=set)
     invalid_calls: int = 0
     argument_errors: int = 0
     error_kinds: list[str] = field(default_factory=list)
@@ -68,8 +81,9 @@ class TurnRecord:
         return self.made_calls and bool(self.state_ok) and bool(self.results_ok)
 
 
-def turn_tag(record: TurnRecord) -> str:
-    """Returns the turn's tag from TAGS (first matching rule)."""
+def turn_tag(record: TurnRecord, instance_rule: str = "instantiated") -> str:
+    """Returns the turn's tag from TAGS (first matching rule); `instance_rule` (INSTANCE_RULES)
+    decides `instance_mismatch`."""
     if record.truth_error:
         return "gt_error"
     if not record.truth_tools:
@@ -80,9 +94,18 @@ def turn_tag(record: TurnRecord) -> str:
         return "checker_error"
     if record.official_pass:
         return "pass"
-    if record.model_classes != record.truth_classes:
+    if instances_differ(record, instance_rule):
         return "instance_mismatch"
     return "state_mismatch" if not record.state_ok else "response_mismatch"
+
+
+def instances_differ(record: TurnRecord, rule: str) -> bool:
+    """Whether the turn's tool classes differ from the ground truth's under `rule`."""
+    if rule == "touched":
+        return record.model_classes != record.truth_classes
+    if rule == "instantiated":
+        return not record.truth_instances or record.model_instances != record.truth_instances
+    raise ValueError(f"instance rule must be one of {INSTANCE_RULES}, got {rule!r}")
 
 
 def turn_causes(record: TurnRecord, tag: str) -> set[str]:

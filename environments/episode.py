@@ -1,28 +1,38 @@
 """The multi-turn episode: show a task, execute the agent's calls, verify and diagnose each turn.
 
-Two execution modes (the training / official-scoring switch):
+Three execution modes (MODES):
 
 * `official` mirrors BFCL's pipeline: every public method of the task's classes can be called
   (listed or not, arguments unchecked), `<tool_call>` blocks BFCL cannot decode are dropped
   silently, and a reply without a decodable call ends the user turn.
-* `training` refuses tools not currently shown to the agent and calls whose arguments break
-  the schema (without running them), and answers unparseable blocks with an error; such a
-  reply does not end the turn.
+* `release` mirrors the SEAL release's BFCL environment (training and validation alike): its
+  strict parser (`toolcall.parse_release_reply`), and calls only to tools currently shown;
+  a reply with an unusable block or an unshown tool runs none of its calls, gets one
+  `[ERROR] Invalid tool call format: ...` user message back and does not end the turn, and
+  counts as no call (a turn of only such replies is a turn without a call). Arguments run
+  unchecked, as in BFCL.
+* `training` (this project's option) refuses tools not currently shown and calls whose
+  arguments break the schema (each refused call gets a typed error, the others run), and
+  answers unparseable blocks with an error; such a reply does not end the turn.
 
-In both modes the verdict uses the official checks on what actually ran, so official mode
-agrees with the `bfcl_eval` checker. Diagnosis replays every turn (no early stop).
+Evaluation protocols (PROTOCOLS) are the modes an evaluation may use: `release` (the paper's
+numbers) and `official` (BFCL's runner). In every mode the verdict uses the official checks on
+what actually ran, so official mode agrees with the `bfcl_eval` checker. Diagnosis replays
+every turn (no early stop).
 """
 
 from dataclasses import dataclass, field
+from typing import Any
 
-from environments.diagnosis import TurnRecord, turn_causes, turn_tag
+from environments.diagnosis import INSTANCE_RULES, TurnRecord, turn_causes, turn_tag
 from environments.executor import CallOutcome, Toolbox, check_arguments, make_instances
 from environments.rendering import Message, Renderer
 from environments.task import ToolTask
-from environments.toolcall import ToolCall, parse_python_call, parse_reply
+from environments.toolcall import ToolCall, parse_python_call, parse_release_reply, parse_reply
 from environments.verification import missing_results, state_differences
 
-MODES = ("official", "training")
+MODES = ("official", "release", "training")
+PROTOCOLS = ("release", "official")  # the modes an evaluation may use
 _FAILED_RUN = frozenset({"unknown_tool", "tool_error", "timeout"})
 
 
@@ -31,17 +41,30 @@ class EpisodeConfig:
     """Episode settings.
 
     Attributes:
-      mode: "official" (BFCL semantics, for evaluation) or "training" (see module doc).
+      mode: one of MODES (module docstring).
       max_model_calls: assistant messages allowed per episode; reaching it with turns left
-        (or with calls still pending) ends the episode as a failure.
+        (or with calls still pending) ends the episode ("step_limit"; whether that fails it:
+        EpisodeResult.success).
       call_time_limit_s: wall-clock limit of one tool call.
       max_call_chars: longest JSON payload accepted for one call.
+      instance_rule: how `instance_mismatch` is decided (environments.diagnosis.INSTANCE_RULES).
     """
 
     mode: str = "official"
     max_model_calls: int = 20
     call_time_limit_s: float = 5.0
     max_call_chars: int = 100_000
+    instance_rule: str = "instantiated"
+
+    @classmethod
+    def from_config(cls, env_config: Any, mode: str) -> "EpisodeConfig":
+        """The episode settings of `config.env` in `mode`."""
+        return cls(
+            mode=mode,
+            max_model_calls=env_config.max_model_calls,
+            call_time_limit_s=env_config.call_time_limit_s,
+            instance_rule=env_config.instance_mismatch,
+        )
 
 
 @dataclass
@@ -49,7 +72,8 @@ class EpisodeResult:
     """The verdict on one episode.
 
     Attributes:
-      success: every turn passes the official checks and the episode was not cut short.
+      success: every turn passes the official checks and the episode was not cut short (in
+        release mode: cut short before its last turn; the release judges the turns it has).
       turn_tags: one tag per ground-truth user turn (environments.diagnosis.TAGS).
       turn_causes: per turn, the set of fine causes (environments.diagnosis.CAUSES).
       turn_error_kinds: per turn, the error kinds of its error observations.
@@ -108,6 +132,10 @@ class Episode:
         self.config = config or EpisodeConfig()
         if self.config.mode not in MODES:
             raise ValueError(f"mode must be one of {MODES}, got {self.config.mode!r}")
+        if self.config.instance_rule not in INSTANCE_RULES:
+            raise ValueError(
+                f"instance_rule must be one of {INSTANCE_RULES}, got {self.config.instance_rule!r}"
+            )
         self.renderer = renderer or Renderer()
         self.model = Toolbox(make_instances(task.classes, task.initial_config, task.long_context))
         self.truth = Toolbox(make_instances(task.classes, task.initial_config, task.long_context))
@@ -156,11 +184,14 @@ class Episode:
         self._check_running()
         self.model_calls += 1
         self.transcript.append({"role": "assistant", "content": assistant_text})
-        reply = parse_reply(assistant_text, self.config.max_call_chars)
-        self.current.invalid_calls += len(reply.invalid)
-        training = self.config.mode == "training"
-        calls = reply.calls if training else reply.official_calls
-        messages = [self.renderer.unparseable(reason) for reason in reply.invalid if training]
+        if self.config.mode == "release":
+            calls, messages = self._release_calls(assistant_text)
+        else:
+            reply = parse_reply(assistant_text, self.config.max_call_chars)
+            self.current.invalid_calls += len(reply.invalid)
+            training = self.config.mode == "training"
+            calls = reply.calls if training else reply.official_calls
+            messages = [self.renderer.unparseable(reason) for reason in reply.invalid if training]
         self.current.made_calls |= bool(calls)
         shown = [name for name in self.docs if name in self.shown]
         for call in calls:
@@ -197,13 +228,13 @@ class Episode:
         records = self.records + [
             self._unreached(i) for i in range(len(self.records), len(self.task.turns))
         ]
-        tags = [turn_tag(record) for record in records]
+        tags = [turn_tag(record, self.config.instance_rule) for record in records]
         causes = [turn_causes(r, tag) for r, tag in zip(records, tags)]
         reason = self.failure_reason
         return EpisodeResult(
             task_id=self.task.task_id,
             category=self.task.category,
-            success=reason is None and all(r.official_pass for r in records),
+            success=not self._cut_short() and all(r.official_pass for r in records),
             turn_tags=tags,
             turn_causes=causes,
             turn_error_kinds=[list(r.error_kinds) for r in records],
@@ -217,6 +248,13 @@ class Episode:
                 for r, c in zip(records, causes)
             ],
         )
+
+    def _cut_short(self) -> bool:
+        """Whether an early end fails the episode. The release scores the turns it reached with
+        BFCL's checker, which fails only a conversation with fewer turns than the task."""
+        if self.config.mode == "release":
+            return len(self.records) < len(self.task.turns)
+        return self.failure_reason is not None
 
     def _check_running(self) -> None:
         """Raises when the episode is over: a caller bug that must not pass silently."""
@@ -241,6 +279,23 @@ class Episode:
             self.observations.append([])
         self.observations[self.turn].extend(messages)
 
+    def _release_calls(self, text: str) -> tuple[list[ToolCall], list[Message]]:
+        """The release's checks of one reply: (calls to run, error messages). A parse error or
+        a call to a tool not shown rejects the whole reply: nothing runs."""
+        calls, errors = parse_release_reply(text)
+        kind = "unparseable"
+        if not errors:  # the first call to a tool not shown (or without a name) rejects all
+            kind = "unknown_tool"
+            unshown = next((call.name for call in calls if call.name not in self.shown), None)
+            if unshown == "":
+                errors = ["Missing function name in tool call."]
+            elif unshown is not None:
+                errors = [f"Tool '{unshown}' is not available in the current tool list."]
+        if not errors:
+            return calls, []
+        self.current.invalid_calls += len(errors)
+        return [], [self.renderer.rejected("; ".join(errors), kind)]
+
     def _run_model_call(self, call: ToolCall) -> CallOutcome:
         """Checks and (unless refused in training mode) executes one model call."""
         doc = self.docs.get(call.name)
@@ -255,6 +310,7 @@ class Episode:
             if problem:
                 return CallOutcome(None, problem[0], problem[1])
         outcome = self.model.execute(call, self.config.call_time_limit_s)
+        self.current.model_instances = set(self.task.classes)  # as BFCL's executor, any call
         self.current.invalid_calls += outcome.error_kind == "unknown_tool"
         if outcome.result is not None:
             self.model_results.append(outcome.result)
@@ -266,6 +322,7 @@ class Episode:
     def _run_truth(self, record: TurnRecord) -> list[str]:
         """Executes the turn's ground truth on its own instances; returns its results."""
         results = []
+        record.truth_instances = set(self.task.classes)
         for source in self.task.ground_truth[self.turn]:
             try:
                 call = parse_python_call(source)
@@ -294,7 +351,7 @@ class Episode:
 
     def _unreached(self, turn: int) -> TurnRecord:
         """A turn the episode never got to: the ground truth's calls, none of the model's."""
-        record = TurnRecord(reached=False)
+        record = TurnRecord(reached=False, truth_instances=set(self.task.classes))
         for source in self.task.ground_truth[turn]:
             try:
                 record.truth_tools.append(parse_python_call(source).name)

@@ -5,9 +5,13 @@ Four switches in `config.interface` (one per component; schema and affordance cu
 form the paper's first component), each "off", "static" (every unit, every step) or "adaptive"
 (the closed loop below):
 
-* `schema_cues`, per tool: each parameter's description gains `[required]` (required ones),
-  `Allowed values: a, b.` (enums) and, with `schema_types`, `Type: string.`; the system prompt
-  gains one instruction line when a tool it lists is cued.
+* `schema_cues`, per tool: each parameter's description gains the required marker, the
+  allowed values of an enum and, with `schema_types`, the type; the system prompt gains one
+  instruction line when a tool it lists is cued. The wording follows the renderer's prompt
+  style: `release`, the SEAL release's (`desc [required] Allowed values: a, b`, types as
+  `[type: dict]`, RELEASE_INSTRUCTION; held-back functions handed over later are not cued, as
+  the release cues only the opening tool list), or `chat_template`, this project's earlier
+  one (`[required] desc Allowed values: a, b.`, `Type: object.`, INSTRUCTION; reveals cued).
 * `affordance_cues`, per tool: the tool's description gains a line urging its use.
 * `error_hints`, per error kind: the error observation gains one actionable line. Hints are
   built from the schema, the shown tool names and fixed text only, never from the task's
@@ -65,6 +69,11 @@ MODES = ("off", "static", "adaptive")
 INSTRUCTION = (
     "Parameters marked [required] must always be given; no tool exists beyond those listed "
     "in <tools></tools>."
+)
+# The release's instruction line (its observation_lite default), for the "release" style.
+RELEASE_INSTRUCTION = (
+    "Observation note: parameters marked [required] must be provided exactly when calling a "
+    "tool; do not invent tools outside the current schema."
 )
 AFFORDANCE_CUE = (
     "Call this tool whenever the request needs what it does, also as a step before other calls."
@@ -129,6 +138,7 @@ class InterfaceRenderer(Renderer):
       modes: component -> "off" | "static" | "adaptive", for every name in COMPONENTS.
       active: component -> active units; guidelines in rank order.
       schema_types: schema cues also name each parameter's type.
+      prompt_style: the plain rendering and the cue wording (rendering.PROMPT_STYLES; keyword).
     """
 
     modes: Mapping[str, str]
@@ -155,13 +165,23 @@ class InterfaceRenderer(Renderer):
     def system(self, docs: list[dict], preamble: str = "") -> Message:
         """Returns the plain system message plus the instruction line and guidelines."""
         message = super().system(docs, preamble)
-        lines = [INSTRUCTION] if any(self.shows("schema_cues", d["name"]) for d in docs) else []
+        release = self.prompt_style == "release"
+        blocks = []
+        if any(self.shows("schema_cues", d["name"]) for d in docs):
+            blocks.append(RELEASE_INSTRUCTION if release else INSTRUCTION)
         guidelines = self.guidelines()
         if guidelines:
-            lines += ["Guidelines:"] + [f"- {line}" for line in guidelines]
-        if lines:
-            message["content"] += "\n\n" + "\n".join(lines)
+            blocks.append("\n".join(["Guidelines:"] + [f"- {line}" for line in guidelines]))
+        if blocks:  # the release separates its extra instructions by a blank line
+            message["content"] += "\n\n" + ("\n\n" if release else "\n").join(blocks)
         return message
+
+    def reveal(self, docs: list[dict]) -> Message:
+        """Returns the hand-over of held-back functions, cued in the chat_template style only
+        (the release annotates only the opening tool list)."""
+        if self.prompt_style == "release":
+            return Renderer(prompt_style="release").reveal(docs)
+        return super().reveal(docs)
 
     def tool_message(self, outcome: CallOutcome, shown_tools: Sequence[str] = ()) -> Message:
         """Returns the plain tool message, plus a hint line when its error kind has one."""
@@ -199,12 +219,20 @@ class InterfaceRenderer(Renderer):
         return doc
 
     def _parameter_cue(self, spec: dict, required: bool) -> str:
-        """Returns a parameter's description with its [required], type and enum cues."""
-        text = _join("[required]" if required else "", spec.get("description", ""))
+        """Returns a parameter's description with its required, type and enum cues."""
+        description, enum = spec.get("description", ""), spec.get("enum")
+        if self.prompt_style == "release":  # markers appended, none repeated, no final period
+            marks = ["[required]"] if required and "[required]" not in description else []
+            if self.schema_types and spec.get("type") and "[type:" not in description:
+                marks.append(f"[type: {spec['type']}]")
+            if enum and "Allowed values:" not in description:
+                marks.append("Allowed values: " + ", ".join(map(str, enum)))
+            return _join(description, *marks)
+        text = _join("[required]" if required else "", description)
         if self.schema_types and "type" in spec:
             text = _join(text, f"Type: {to_json_schema(spec)['type']}.")
         if "enum" in spec:
-            text = _join(text, "Allowed values: " + ", ".join(map(str, spec["enum"])) + ".")
+            text = _join(text, "Allowed values: " + ", ".join(map(str, enum)) + ".")
         return text
 
 
@@ -335,6 +363,7 @@ class LearningInterface:
         if bad:
             raise ValueError(f"interface switches must be one of {MODES}; got {bad}")
         self.schema_types = bool(config.schema_types)
+        self.plain = Renderer(prompt_style=str(config.prompt_style))  # ValueError if unknown
         self.decay = float(config.decay)
         self.on_count = float(config.on_count)
         self.off_count = float(config.off_count)
@@ -353,11 +382,14 @@ class LearningInterface:
         self.state = InterfaceState()
 
     def renderer(self, evaluation: bool = False) -> Renderer:
-        """Returns the interface to show now: the plain `Renderer` when `evaluation` is set."""
+        """Returns the interface to show now (in `config.interface.prompt_style`): the plain
+        `Renderer` when `evaluation` is set."""
         if evaluation:
-            return Renderer()
+            return self.plain
         active = {c: tuple(units) for c, units in self.state.active.items()}
-        return InterfaceRenderer(dict(self.modes), active, self.schema_types)
+        return InterfaceRenderer(
+            dict(self.modes), active, self.schema_types, prompt_style=self.plain.prompt_style
+        )
 
     def update(self, episodes: Sequence[EpisodeResult], profile: FailureProfile) -> None:
         """Applies one closed-loop step (module docstring) from a training step's diagnoses.

@@ -2,8 +2,18 @@
 
 `Renderer` is the plain interface used for evaluation. The training-time learning interface
 (schema cues, error hints, guidelines) wraps or subclasses it and overrides these methods.
+
+Two prompt styles (PROMPT_STYLES):
+
+* `release`: what the SEAL release shows a Qwen model (its `bfcl_qwen_fc` tool prompt) and
+  BFCL's own QwenFCHandler shows too: the BFCL function docs as they are (BFCL type names, the
+  `response` schema kept), one `json.dumps` line each, non-ASCII escaped. Held-back functions
+  are handed over as the release does: their docs as one JSON list, then BFCL's sentence.
+* `chat_template`: this project's earlier rendering, exactly what Qwen's chat template renders
+  for `tools=`: OpenAI-style function wrappers with JSON Schema type names, no `response`.
 """
 
+import dataclasses
 import json
 from collections.abc import Sequence
 
@@ -11,9 +21,12 @@ from environments.executor import CallOutcome
 from environments.toolcall import function_tool, render_tools_block
 
 Message = dict[str, str]
+PROMPT_STYLES = ("release", "chat_template")
 
 # BFCL's text for a turn that reveals held-back functions (DEFAULT_USER_PROMPT_FOR_ADDITIONAL_*).
 REVEAL_SUFFIX = "I have updated some more functions you can choose from. What about now?"
+# The release's prefix of the message answering a reply it rejected (release mode).
+REJECTED_PREFIX = "[ERROR] Invalid tool call format: "
 
 _ERROR_TEXTS = {
     "unparseable": "Error: could not parse the tool call: {reason}.",
@@ -25,20 +38,34 @@ _ERROR_TEXTS = {
 }
 
 
+@dataclasses.dataclass(frozen=True)
 class Renderer:
     """The plain interface: turns a task's facts into chat messages.
 
     Messages are `{"role": ..., "content": ...}` dicts; tool messages may also carry
     `error_kind`, a machine-readable label that chat templates ignore.
+
+    Attributes:
+      prompt_style: how tools are shown (PROMPT_STYLES, module docstring).
     """
 
+    prompt_style: str = dataclasses.field(default="chat_template", kw_only=True)
+
+    def __post_init__(self) -> None:
+        if self.prompt_style not in PROMPT_STYLES:
+            raise ValueError(
+                f"prompt_style must be one of {PROMPT_STYLES}, got {self.prompt_style!r}"
+            )
+
     def tools(self, docs: list[dict]) -> list[dict]:
-        """Returns the Qwen/OpenAI tool schemas shown for these function docs."""
+        """Returns the tool entries listed for these function docs (copies)."""
+        if self.prompt_style == "release":
+            return [dict(doc) for doc in docs]
         return [function_tool(doc) for doc in docs]
 
     def system(self, docs: list[dict], preamble: str = "") -> Message:
         """Returns the system message: optional task text, then the Qwen tools section."""
-        block = render_tools_block(self.tools(docs))
+        block = render_tools_block(self.tools(docs), ensure_ascii=self.prompt_style == "release")
         return {"role": "system", "content": f"{preamble}\n\n{block}" if preamble else block}
 
     def user_turn(self, messages: list[dict]) -> list[Message]:
@@ -69,3 +96,8 @@ class Renderer:
         """Returns the tool message answering a `<tool_call>` block that could not be parsed."""
         content = _ERROR_TEXTS["unparseable"].format(reason=reason)
         return {"role": "tool", "content": content, "error_kind": "unparseable"}
+
+    def rejected(self, reason: str, error_kind: str) -> Message:
+        """Returns the user message answering a reply whose calls were all rejected (release
+        mode: `error_kind` "unparseable" or "unknown_tool"), in the release's words."""
+        return {"role": "user", "content": REJECTED_PREFIX + reason, "error_kind": error_kind}

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Callable
 
 from environments.task import ToolTask
@@ -27,13 +28,16 @@ class TaskSource:
     categories: tuple[str, ...]
 
 
-def _bfcl() -> TaskSource:
+def _bfcl(bfcl_split: str | None) -> TaskSource:
     from environments.bfcl import tasks
 
-    return TaskSource("bfcl", tasks.load_task, tasks.split_ids, tasks.category_of, tasks.CATEGORIES)
+    split_ids = functools.partial(tasks.split_ids, bfcl_split=bfcl_split or tasks.SPLITS[0])
+    split_ids("train")  # an unknown split name fails here, not in the middle of a run
+    return TaskSource("bfcl", tasks.load_task, split_ids, tasks.category_of, tasks.CATEGORIES)
 
 
-def _suite() -> TaskSource:
+def _suite(bfcl_split: str | None) -> TaskSource:
+    del bfcl_split  # the suite has one split
     from environments import suite
 
     return TaskSource(
@@ -41,11 +45,13 @@ def _suite() -> TaskSource:
     )
 
 
-SOURCES: dict[str, Callable[[], TaskSource]] = {"bfcl": _bfcl, "suite": _suite}
+SOURCES: dict[str, Callable[[str | None], TaskSource]] = {"bfcl": _bfcl, "suite": _suite}
 
 
-def get_source(name: str) -> TaskSource:
-    """The task source called `name`; raises ValueError naming the known ones."""
+def get_source(name: str, bfcl_split: str | None = None) -> TaskSource:
+    """The task source called `name`; BFCL's tasks split as `bfcl_split` names
+    (`environments.bfcl.tasks.SPLITS`, config env.bfcl_split; None: the first, "release").
+    Raises ValueError naming the known environments or splits."""
     if name not in SOURCES:
         raise ValueError(f"unknown environment {name!r}; known: {', '.join(sorted(SOURCES))}")
-    return SOURCES[name]()
+    return SOURCES[name](bfcl_split)

@@ -2,15 +2,17 @@
 
 `summarize(results, categories)` groups episode verdicts by `EpisodeResult.category` (never by
 the shape of a task id, so any task source works) and returns accuracy per category, their mean,
-the same with BFCL's irrelevance check (`strict_*`), and tag and cause counts. `write_report`
-writes it as metrics.json next to transcripts.jsonl (one line per episode).
+the same with BFCL's irrelevance check (`strict_*`), and tag and cause counts. `by_protocol`
+joins the summaries of one evaluation under several protocols (environments.episode.PROTOCOLS)
+into one record. `write_report` writes a summary as metrics.json next to transcripts.jsonl (one
+line per episode).
 """
 
 from __future__ import annotations
 
 import collections
 import json
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -65,6 +67,19 @@ def summarize(results: Sequence[EpisodeResult], categories: Sequence[str] = ()) 
         "tag_histogram": tag_histogram,
         "cause_histogram": cause_histogram,
     }
+
+
+def by_protocol(summaries: Mapping[str, dict]) -> dict:
+    """One evaluation record from `summarize` results keyed by protocol, in order.
+
+    Returns:
+      {"protocol": the first protocol, **its summary (the numbers logged as eval/mean and used
+       to pick the best checkpoint), "protocols": {protocol: summary} for every protocol}.
+    """
+    if not summaries:
+        raise ValueError("no protocol summaries to join")
+    primary = next(iter(summaries))
+    return {"protocol": primary, **summaries[primary], "protocols": dict(summaries)}
 
 
 def transcript_record(result: EpisodeResult) -> dict:

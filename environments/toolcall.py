@@ -25,6 +25,9 @@ QWEN_TOOLS_FOOTER = (
     '{"name": <function-name>, "arguments": <args-json-object>}\n</tool_call>'
 )
 
+# The SEAL release's block pattern: a JSON object between the tags, newlines optional.
+RELEASE_TOOL_CALL_PATTERN = re.compile(r"<tool_call>\s*\n?(\{.*?\})\s*\n?</tool_call>", re.DOTALL)
+
 # BFCL's function docs use Python-flavoured type names; Qwen expects JSON Schema.
 _JSON_SCHEMA_TYPES = {"dict": "object", "float": "number", "tuple": "array"}
 # BFCL drops such a block alone; any other unusable block makes it drop the whole message.
@@ -79,9 +82,11 @@ def function_tool(doc: dict) -> dict:
     }
 
 
-def render_tools_block(tools: list[dict]) -> str:
-    """Returns the Qwen system-prompt tools section exactly as its chat template renders it."""
-    lines = "".join("\n" + json.dumps(tool, ensure_ascii=False) for tool in tools)
+def render_tools_block(tools: list[dict], ensure_ascii: bool = False) -> str:
+    """Returns the Qwen system-prompt tools section: one JSON line per tool, non-ASCII kept as
+    the chat template's `tojson` keeps it, or escaped (`ensure_ascii`) as BFCL's QwenFCHandler
+    and the SEAL release write it."""
+    lines = "".join("\n" + json.dumps(tool, ensure_ascii=ensure_ascii) for tool in tools)
     return QWEN_TOOLS_HEADER + lines + QWEN_TOOLS_FOOTER
 
 
@@ -131,6 +136,46 @@ def parse_reply(text: str, max_chars: int = 100_000) -> ParsedReply:
     if not structural_failure:
         reply.official_calls = list(reply.calls)
     return reply
+
+
+def parse_release_reply(text: str) -> tuple[list[ToolCall], list[str]]:
+    """Parses an assistant message as the SEAL release's strict parser does (its BFCL
+    environment, `strict_tool_parser: true`); never executes any of its text.
+
+    Differences from BFCL's decoder: whitespace around the JSON object may replace the
+    newlines, and one unusable block (or `<tool_call>` text without any usable block) is an
+    error that rejects the whole message instead of being dropped.
+
+    Returns:
+      (calls, errors): the calls in order, and one error text per problem found (the calls
+      must not run when there is any). Error texts are the release's.
+    """
+    errors = []
+    matches = RELEASE_TOOL_CALL_PATTERN.findall(text)
+    if not matches and ("<tool_call" in text or "</tool_call>" in text):
+        errors.append("Found tool_call tag text, but no valid <tool_call>{...}</tool_call> block.")
+    calls = []
+    for block in matches:
+        try:
+            item = json.loads(block.strip())
+        except (ValueError, RecursionError) as error:
+            errors.append(f"Invalid tool call JSON: {error}")
+            continue
+        if "name" not in item or "arguments" not in item:
+            errors.append("Tool call JSON must contain both 'name' and 'arguments'.")
+            continue
+        name, arguments = item["name"], item["arguments"]
+        if isinstance(arguments, str):
+            try:
+                arguments = json.loads(arguments)
+            except (ValueError, RecursionError):
+                errors.append(f"Tool '{name}' has non-JSON string arguments.")
+                continue
+        if not isinstance(arguments, dict):
+            errors.append(f"Tool '{name}' arguments must be a JSON object.")
+            continue
+        calls.append(ToolCall(str(name) if name else "", arguments))  # "": no name given
+    return calls, errors
 
 
 def render_tool_call(call: ToolCall) -> str:

@@ -9,7 +9,8 @@ from typing import Any
 
 import jax.numpy as jnp
 
-from environments import episode, interface, rewards, sources
+from environments import diagnosis, episode, interface, rendering, rewards, sources
+from environments.bfcl import tasks as bfcl_tasks
 from seal_jax import optim, rl
 
 DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
@@ -50,9 +51,13 @@ def validate(c: Any) -> None:
     _choice(c.weighting.mode, "weighting.mode", rl.WEIGHT_MODES)
     _choice(c.rl.reward, "rl.reward", rewards.REWARD_KINDS)
     _choice(c.env.name, "env.name", tuple(sources.SOURCES))
+    _choice(c.env.bfcl_split, "env.bfcl_split", bfcl_tasks.SPLITS)
     _choice(c.env.train_mode, "env.train_mode", episode.MODES)
+    _choice(c.env.instance_mismatch, "env.instance_mismatch", diagnosis.INSTANCE_RULES)
+    _choice(c.interface.prompt_style, "interface.prompt_style", rendering.PROMPT_STYLES)
     for component in interface.COMPONENTS:
         _choice(c.interface[component], f"interface.{component}", interface.MODES)
+    _check_eval_protocols(c.train.eval_protocols)
     _positive(
         c,
         "rl.group_size",
@@ -76,6 +81,11 @@ def validate(c: Any) -> None:
         raise ConfigError(
             f"a mini-batch of {rows} rollouts (train.mini_batch_tasks x rl.group_size) does not "
             f"split into --config.optim.grad_accum={c.optim.grad_accum} micro-batches"
+        )
+    if c.train.max_response_tokens < 0:
+        raise ConfigError(
+            f"--config.train.max_response_tokens={c.train.max_response_tokens}: use 0 (no cap) "
+            "or a positive token count"
         )
     if not 0.0 <= c.sft.all_token_fraction <= 1.0:
         raise ConfigError(
@@ -110,6 +120,18 @@ def _check_bf16_updates(c: Any) -> None:
             f"{step:.2g} of a weight of magnitude {TYPICAL_WEIGHT}; keep float32 parameters "
             "(fp32 master weights, bfloat16 compute; --config.optim.mu_dtype=bfloat16 saves "
             "optimizer memory) or raise the lr"
+        )
+
+
+def _check_eval_protocols(protocols: Any) -> None:
+    """At least one evaluation protocol, each known and named once."""
+    names = list(protocols)
+    for name in names:
+        _choice(name, "train.eval_protocols", episode.PROTOCOLS)
+    if not names or len(set(names)) != len(names):
+        raise ConfigError(
+            f"--config.train.eval_protocols={protocols!r}: name each of "
+            f"{', '.join(episode.PROTOCOLS)} at most once, at least one"
         )
 
 

@@ -26,7 +26,7 @@ import numpy as np
 from environments.episode import EpisodeConfig, EpisodeResult
 from environments.pool import EnvPool, PoolConfig
 from environments.sources import TaskSource
-from seal_jax import distributed
+from seal_jax import distributed, trajectories
 from seal_jax import rollout as rollout_lib
 from seal_jax.chat import ChatFormat
 
@@ -187,6 +187,29 @@ def collect_episodes(
     return concatenate(gathered, parallel=True)
 
 
+def generation_prompt_len(chat: ChatFormat) -> int:
+    """Ids the chat template appends to open an assistant turn, which every prompt ends with
+    (Qwen2.5: `<|im_start|>`, `assistant` and a newline)."""
+    opening = [{"role": "user", "content": "."}]
+    with_prompt = chat.encode(chat.render(opening, add_generation_prompt=True))
+    return len(with_prompt) - len(chat.encode(chat.render(opening)))
+
+
+def training_sequences(
+    sequences: Sequence[rollout_lib.TokenSequence], chat: ChatFormat, max_response_tokens: int
+) -> list[rollout_lib.TokenSequence]:
+    """The sequences as the update trains on them: each cut after its first `max_response_tokens`
+    ids past the initial prompt (train.max_response_tokens; 0: whole). They are counted as the
+    SEAL release counts its response: from the first assistant turn's opening ids on (the end of
+    the prompt ids here), tool and user ids included (`trajectories.cap_response`)."""
+    if not max_response_tokens:
+        return list(sequences)
+    opening = generation_prompt_len(chat)
+    return [
+        trajectories.cap_response(s, max_response_tokens, s.prompt_len - opening) for s in sequences
+    ]
+
+
 def chunk_rows(config: Any) -> int:
     """Rows of one rollout of a training step on one host: rollout.micro_batch_tasks (0: the
     step's batch_tasks) x rl.group_size."""
@@ -195,12 +218,8 @@ def chunk_rows(config: Any) -> int:
 
 def open_pool(source: TaskSource, env_config: Any, mode: str) -> EnvPool:
     """An environment pool over the source's tasks with `config.env`'s settings, in episode
-    `mode` ("training" or "official")."""
-    episode = EpisodeConfig(
-        mode=mode,
-        max_model_calls=env_config.max_model_calls,
-        call_time_limit_s=env_config.call_time_limit_s,
-    )
+    `mode` (environments.episode.MODES)."""
+    episode = EpisodeConfig.from_config(env_config, mode)
     return EnvPool(
         source.load_task, PoolConfig(num_workers=env_config.num_workers, episode=episode)
     )

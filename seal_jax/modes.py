@@ -114,7 +114,7 @@ def _warm_start(config: Any, path: str, out: str) -> None:
     from seal_jax.chat import ChatFormat
 
     model = load_policy(config, path)
-    source = get_source(config.env.name)
+    source = get_source(config.env.name, config.env.bfcl_split)
     ids = warm_start_ids(config.sft.categories, source)
     if config.sft.num_tasks:
         order = np.random.default_rng(config.seed).permutation(len(ids))

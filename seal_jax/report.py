@@ -8,7 +8,8 @@
 * `interface.png`: active units per interface component, and the interface version (report.md
   adds a line when every component is off, so the flat plot is not mistaken for a dead loop);
 * `report.md`: the evaluation before RL against the last one, per category (and the mean with
-  BFCL's irrelevance check as well, see EpisodeResult.strict_success), with the plots.
+  BFCL's irrelevance check as well, see EpisodeResult.strict_success), the mean under each
+  evaluation protocol (seal_jax/evaluation.py), with the plots.
 
 A plot whose data is not in the log yet (say, no evaluation line) is skipped and report.md says
 why. Figures are drawn with `matplotlib.figure.Figure`, never pyplot, so no GUI backend or global
@@ -104,8 +105,10 @@ def _summary(records: Sequence[dict]) -> list[str]:
         return lines + ["_No evaluation in the log yet: no final numbers._", ""]
     first, last = evals[0], evals[-1]
     categories = _keys_in_order([first["eval"]["accuracy"], last["eval"]["accuracy"]])
+    protocol = last["eval"].get("protocol")
+    under = f" under the `{protocol}` protocol" if protocol else ""
     lines += [
-        f"Success (%) at step {first['step']} (before RL) and step {last['step']} (final):",
+        f"Success (%) at step {first['step']} (before RL) and step {last['step']} (final){under}:",
         "",
         f"| category | step {first['step']} | step {last['step']} | change (points) |",
         "| --- | --- | --- | --- |",
@@ -114,10 +117,8 @@ def _summary(records: Sequence[dict]) -> list[str]:
         (c, first["eval"]["accuracy"].get(c), last["eval"]["accuracy"].get(c)) for c in categories
     ]
     rows.append(("**mean**", first["eval"].get("mean"), last["eval"].get("mean")))
-    for name, before, after in rows:
-        change = f"{100 * (after - before):+.1f}" if None not in (before, after) else "n/a"
-        cells = [_points(v) if v is not None else "n/a" for v in (before, after)]
-        lines.append(f"| {name} | {cells[0]} | {cells[1]} | {change} |")
+    lines += [_change_row(*row) for row in rows]
+    lines += _protocol_lines(first, last)
     if None not in (first["eval"].get("strict_mean"), last["eval"].get("strict_mean")):
         lines += [
             "",
@@ -128,6 +129,37 @@ def _summary(records: Sequence[dict]) -> list[str]:
     if first is last:
         lines += ["", "_Only one evaluation so far: no improvement to report yet._"]
     return lines + [""]
+
+
+def _change_row(name: str, before: float | None, after: float | None) -> str:
+    """A markdown row: name, both values in %, and the change in points."""
+    change = f"{100 * (after - before):+.1f}" if None not in (before, after) else "n/a"
+    cells = [_points(v) if v is not None else "n/a" for v in (before, after)]
+    return f"| {name} | {cells[0]} | {cells[1]} | {change} |"
+
+
+def _protocol_lines(first: dict, last: dict) -> list[str]:
+    """Markdown lines: the mean success under each evaluation protocol, first vs last."""
+    before, after = (r["eval"].get("protocols") or {} for r in (first, last))
+    names = _keys_in_order([before, after])
+    if not names:
+        return []
+    lines = [
+        "",
+        "Mean success (%) per evaluation protocol (`release`: the SEAL release's validation "
+        "environment, which the paper's table reports; `official`: BFCL's runner; "
+        "docs/protocol.md):",
+        "",
+        f"| protocol | step {first['step']} | step {last['step']} | change (points) |",
+        "| --- | --- | --- | --- |",
+    ]
+    for name in names:
+        lines.append(
+            _change_row(
+                f"`{name}`", before.get(name, {}).get("mean"), after.get(name, {}).get("mean")
+            )
+        )
+    return lines
 
 
 def _duration(seconds: float) -> str:

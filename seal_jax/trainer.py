@@ -133,7 +133,7 @@ def build(config: Any, model: LoadedModel, workdir: str) -> Run:
         workdir=workdir,
         model=model,
         chat=chat,
-        source=get_source(config.env.name),
+        source=get_source(config.env.name, config.env.bfcl_split),
         train_engine=_engine(model, config, chat, sampling, r.max_new_tokens),
         eval_engine=_engine(model, config, chat, greedy, eval_tokens),
         updater=update_lib.build_updater(config, model),
@@ -182,10 +182,14 @@ def train_one_step(run: Run, state: State, pool: EnvPool, ref_params: Any) -> di
     )
     weighted = np.asarray(rl.weighted_advantages(advantages, weights, cfg.weighting.mode))
 
-    # Update: PPO-clip + KL on the sampled tokens.
+    # Update: PPO-clip + KL on the sampled tokens (of each episode's first
+    # train.max_response_tokens ids after its prompt).
     t_update = time.perf_counter()
+    sequences = episodes.training_sequences(
+        batch.sequences, run.chat, cfg.train.max_response_tokens
+    )
     state.params, state.opt_state, update = update_lib.update_policy(
-        run.updater, state.params, state.opt_state, batch.sequences, weighted, ref_params
+        run.updater, state.params, state.opt_state, sequences, weighted, ref_params
     )
     state.step += 1
 

@@ -11,11 +11,31 @@ group's prompt is held once and its rows start at the prompt's last id (`trainin
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping, Sequence
 
 import numpy as np
 
 from seal_jax.rollout import TokenSequence
+
+
+def cap_response(sequence: TokenSequence, max_tokens: int, response_start: int) -> TokenSequence:
+    """The sequence cut after the first `max_tokens` ids from `response_start` on (ids of every
+    kind: sampled, tool and user), as the SEAL release truncates its training responses. Later
+    ids hold no loss token any more, and no earlier id's log-prob depends on them (causal), so
+    cutting them trains exactly as masking them would, without running them. The prompt ids are
+    always kept.
+    """
+    end = max(response_start + max_tokens, sequence.prompt_len)
+    if end >= len(sequence.token_ids):
+        return sequence
+    return dataclasses.replace(
+        sequence,
+        token_ids=sequence.token_ids[:end],
+        loss_mask=sequence.loss_mask[:end],
+        sampling_logprobs=sequence.sampling_logprobs[:end],
+        policy_logprobs=sequence.policy_logprobs[:end],
+    )
 
 
 def padded_length(lengths: Sequence[int], multiple: int) -> int:

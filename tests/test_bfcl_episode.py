@@ -15,7 +15,7 @@ from environments.bfcl import (
     split_ids,
     tfds_builder,
 )
-from environments.bfcl.tasks import CATEGORIES, SPLIT_PATH, SPLIT_SEED, make_split
+from environments.bfcl.tasks import CATEGORIES, SPLIT_FILES, SPLIT_SEED, make_split
 from environments.episode import Episode, EpisodeConfig
 from environments.policies import FINAL_ANSWER, NoActionPolicy, OraclePolicy, oracle_turns
 from environments.pool import EnvPool, PoolConfig
@@ -108,8 +108,8 @@ def test_score_returns_observations_and_rejects_bad_input():
 
 
 def test_split_is_the_committed_seeded_split():
-    train, evaluation = split_ids("train"), split_ids("eval")
-    committed = json.loads(SPLIT_PATH.read_text())
+    train, evaluation = split_ids("train", "seeded"), split_ids("eval", "seeded")
+    committed = json.loads(SPLIT_FILES["seeded"].read_text())
     assert committed["seed"] == SPLIT_SEED
     assert {"train": train, "eval": evaluation} == make_split(SPLIT_SEED)
     assert sorted(train + evaluation) == sorted(all_task_ids())

@@ -4,6 +4,7 @@ import pytest
 
 from environments.bfcl import score_task
 from environments.diagnosis import CAUSES, TAGS
+from environments.episode import Episode, EpisodeConfig
 from environments.task import ToolTask
 from environments.toolcall import ToolCall, render_tool_call
 
@@ -91,6 +92,17 @@ def run(turns, task=TASK, mode="official"):
     return score_task(task, turns, mode)
 
 
+def replay(turns, mode="official", instance_rule="instantiated", task=TASK):
+    """score_task with an instance rule: the given replies, turn by turn."""
+    episode = Episode(task, EpisodeConfig(mode=mode, instance_rule=instance_rule))
+    episode.reset()
+    for messages in turns:
+        for text in messages:
+            episode.act(text)
+        episode.finish_turn()
+    return episode.result()
+
+
 def with_turn(index, messages):
     turns = [list(m) for m in ORACLE]
     turns[index] = messages
@@ -110,7 +122,6 @@ def test_oracle_passes_every_turn():
         (1, [call("increment", by=0), DONE], "spurious_tool_call"),
         (0, [DONE], "empty_turn_model_response"),
         (0, ["<tool_call>\nnot json\n</tool_call>", DONE], "empty_turn_model_response"),
-        (2, [call("increment", by=0), DONE], "instance_mismatch"),
         (0, [call("increment", by=3), DONE], "state_mismatch"),
         (2, [call("add_note", text="hi"), DONE], "response_mismatch"),
     ],
@@ -118,6 +129,21 @@ def test_oracle_passes_every_turn():
 def test_each_tag(turn, messages, tag):
     result = run(with_turn(turn, messages))
     assert result.turn_tags[turn] == tag
+
+
+def test_instance_rules():
+    """The release's rule compares the classes BFCL's executor instantiates: every class of the
+    task once a call of the turn ran, for the model as for the ground truth. Calling the wrong
+    class therefore leaves the sets equal ({Counter, Notes} both) and the turn is judged on its
+    state; the stricter "touched" rule compares {Counter} with {Notes}."""
+    wrong_class = with_turn(2, [call("increment", by=0), DONE])
+    assert replay(wrong_class).turn_tags[2] == "state_mismatch"
+    assert replay(wrong_class, instance_rule="touched").turn_tags[2] == "instance_mismatch"
+    # Nothing ran (training mode refuses the call's bad argument): the model's set is empty.
+    refused = with_turn(0, [call("increment", by="two"), DONE])
+    assert replay(refused, mode="training").turn_tags[0] == "instance_mismatch"
+    with pytest.raises(ValueError, match="instance_rule"):
+        replay(ORACLE, instance_rule="classes")
 
 
 def test_gt_error_tag():

@@ -159,7 +159,7 @@ EVALUATE = Budget(
 RUN = {
     "environments.bfcl.tfds_builder": Budget(
         paths=("--data_dir",),
-        outputs=("--data_dir/bfcl_multi_turn/1.0.0/dataset_info.json",),
+        outputs=("--data_dir/bfcl_multi_turn/release/1.1.0/dataset_info.json",),
         check=_tfds_readable,
     ),
     "environments.bfcl.evaluate": EVALUATE,

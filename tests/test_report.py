@@ -125,3 +125,30 @@ def test_resumed_run_keeps_the_last_line_of_a_repeated_step(tmp_path):
 def test_missing_log_is_one_clear_error(tmp_path):
     with pytest.raises(FileNotFoundError, match="no metrics log"):
         report.write_report(str(tmp_path))
+
+
+def test_report_lists_every_evaluation_protocol(tmp_path):
+    """Two protocols per evaluation (seal_jax/evaluation.py): the first one's table, then the
+    mean under each; numbers by hand: release 10.0 -> 40.0, official 20.0 -> 35.0."""
+    records = []
+    for step, (release, official) in ((0, (0.10, 0.20)), (4, (0.40, 0.35))):
+        summaries = {
+            name: _eval(step, [mean] * 4, 1.0)
+            for name, mean in (("release", release), ("official", official))
+        }
+        evaluation = {"protocol": "release", **summaries["release"], "protocols": summaries}
+        records.append({"step": step, "eval": evaluation})
+    _write(tmp_path, records)
+
+    text = Path(report.write_report(str(tmp_path))).read_text()
+
+    assert "(final) under the `release` protocol:" in text
+    assert "| **mean** | 10.0 | 40.0 | +30.0 |" in text
+    assert "| `release` | 10.0 | 40.0 | +30.0 |" in text
+    assert "| `official` | 20.0 | 35.0 | +15.0 |" in text
+
+
+def test_report_of_a_run_without_protocols_has_no_protocol_table(tmp_path):
+    _write(tmp_path, [{"step": 0, "eval": _eval(0, [0.1] * 4, 1.0)}])
+    text = Path(report.write_report(str(tmp_path))).read_text()
+    assert "per evaluation protocol" not in text and "protocol:" not in text

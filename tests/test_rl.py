@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 from jax.sharding import NamedSharding, PartitionSpec
 
+from configs.base import VARIANTS, base_config
 from seal_jax import optim, rl, train_step
 from tests import rl_fixtures as fx
 from tests.devices import run_with_devices
@@ -175,13 +176,56 @@ def test_micro_batches_sum_to_the_full_batch(loss_agg):
     loss_fn = rl.make_loss_fn(fx.logprob_entropy_fn, fx.rl_config(loss_agg=loss_agg))
     params, batch = fx.init_params(), fx.training_batch(seed=4)
     full_loss, full_grads = summed_loss_and_grads(loss_fn, params, [batch])
-    for k in (1, 2, 4):
+    for k in (1, 2, 4, 8, 16):  # every split of the 16 rows, down to one row per micro-batch
         loss, grads = summed_loss_and_grads(
             loss_fn, params, train_step.split_micro_batches(batch, k, loss_agg)
         )
         assert loss == pytest.approx(full_loss, rel=1e-5)
         for g, full in zip(jax.tree.leaves(grads), jax.tree.leaves(full_grads)):
             np.testing.assert_allclose(g, full, rtol=1e-4, atol=1e-6)
+
+
+def release_loss(params, batch, cfg, devices):
+    """The SEAL release's actor loss written out (exp/SEAL.yaml, het_actor.update_policy): each
+    of `devices` GPUs runs micro-batches of one trajectory (ppo_micro_batch_size_per_gpu 1),
+    takes verl's token-mean ("token-mean" in its config) inside each and divides it by its
+    accumulation steps; FSDP averages the devices' gradients."""
+    args = (batch["input_ids"], batch["positions"], batch["mask"], batch["targets"])
+    logprobs, entropy = fx.logprob_entropy_fn(params, *args)
+    old, ref, m = batch["old_logprobs"], batch["ref_logprobs"], batch["loss_mask"]
+    adv = batch["advantages"][:, None]
+    ratio = jnp.exp(logprobs - old)
+    pg = jnp.maximum(-adv * ratio, -adv * jnp.clip(ratio, 1 - cfg.clip_low, 1 + cfg.clip_high))
+    pg = jnp.where(adv < 0, jnp.minimum(pg, -adv * cfg.dual_clip), pg)
+    kl = jnp.clip(jnp.exp(ref - logprobs) - (ref - logprobs) - 1, -10, 10)  # low_var_kl
+    per_token = pg + cfg.kl_coef * kl - cfg.entropy_coef * entropy
+    trajectory_means = jnp.where(m, per_token, 0.0).sum(1) / m.sum(1)
+    accum = len(m) // devices
+    return jnp.mean(trajectory_means.reshape(devices, accum).sum(1) / accum)
+
+
+@pytest.mark.parametrize("devices", [1, 4])  # the paper ran 4 GPUs
+def test_seq_mean_token_mean_is_the_releases_one_trajectory_micro_batches(devices):
+    cfg = fx.rl_config(loss_agg="seq-mean-token-mean", dual_clip=1.5)
+    params, batch = fx.init_params(), fx.training_batch(seed=9)
+    batch["loss_mask"][-1, 0] = True  # a release trajectory always has a loss token
+    want_loss, want = jax.value_and_grad(release_loss)(params, batch, cfg, devices)
+    loss_fn = rl.make_loss_fn(fx.logprob_entropy_fn, cfg)
+    got_loss, got = jax.value_and_grad(lambda p: loss_fn(p, batch)[0])(params)
+    assert float(got_loss) == pytest.approx(float(want_loss), rel=1e-5)
+    for g, w in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
+        np.testing.assert_allclose(np.asarray(g), np.asarray(w), rtol=1e-4, atol=1e-6)
+    # What the release's config names, token-mean over the batch, is another loss here.
+    cfg.loss_agg = "token-mean"
+    token_mean = jax.grad(lambda p: rl.make_loss_fn(fx.logprob_entropy_fn, cfg)(p, batch)[0])
+    assert not np.allclose(np.asarray(token_mean(params)["out"]), np.asarray(want["out"]))
+
+
+def test_paper_preset_aggregates_by_trajectory_and_the_cpu_defaults_by_token():
+    from configs import qwen, tiny
+
+    assert {qwen.get_config(v).rl.loss_agg for v in VARIANTS} == {"seq-mean-token-mean"}
+    assert base_config().rl.loss_agg == tiny.get_config().rl.loss_agg == "token-mean"
 
 
 def test_micro_batches_keep_each_shared_prompt_with_its_rows():
@@ -268,7 +312,7 @@ from tests import rl_fixtures as fx
 def run(mesh, param_spec):
     cfg = fx.rl_config(loss_agg=LOSS_AGG)
     loss_fn = rl.make_loss_fn(fx.logprob_entropy_fn, cfg)
-    optimizer = optim.make_optimizer(fx.optim_config(grad_accum=2))
+    optimizer = optim.make_optimizer(fx.optim_config(grad_accum=ACCUM))
     params = fx.init_params()
     param_shardings = {"embed": NamedSharding(mesh, param_spec), "out": NamedSharding(mesh, P())}
     state_shardings = optim.opt_state_shardings(optimizer, params, param_shardings)
@@ -279,9 +323,9 @@ def run(mesh, param_spec):
     state = jax.jit(optimizer.init, out_shardings=state_shardings)(params)
     grads = jax.jit(jax.grad(lambda p, b: loss_fn(p, b)[0]),
                     in_shardings=(param_shardings, batch_sharding))
-    batch = fx.training_batch(seed=7, rows=32)
+    batch = fx.training_batch(seed=7, rows=ROWS)
     out = {"grads": [], "loss": 0.0}
-    for micro in train_step.split_micro_batches(batch, 2, cfg.loss_agg):
+    for micro in train_step.split_micro_batches(batch, ACCUM, cfg.loss_agg):
         out["grads"].append(jax.tree.map(lambda g: np.asarray(g).tolist(), grads(params, micro)))
         params, state, metrics = step(params, state, micro)
         out["loss"] += float(metrics["loss"])
@@ -290,21 +334,31 @@ def run(mesh, param_spec):
     return out
 
 auto = (jax.sharding.AxisType.Auto,) * 2
-eight = jax.make_mesh((4, 2), ("data", "fsdp"), axis_types=auto)
+many = jax.make_mesh((DATA, FSDP), ("data", "fsdp"), axis_types=auto)
 one = jax.make_mesh((1, 1), ("data", "fsdp"), devices=jax.devices()[:1], axis_types=auto)
-print(json.dumps({"eight": run(eight, P(None, "fsdp")), "one": run(one, P())}))
+print(json.dumps({"many": run(many, P(None, "fsdp")), "one": run(one, P())}))
 """
 
 
-@pytest.mark.parametrize("loss_agg", ["token-mean", "seq-mean-token-mean"])
-def test_eight_devices_match_one_device(loss_agg):
+@pytest.mark.parametrize(
+    ("loss_agg", "data", "fsdp", "rows", "accum"),
+    [
+        ("token-mean", 4, 2, 32, 2),
+        ("seq-mean-token-mean", 4, 2, 32, 2),
+        # The release's layout: 4 devices, one trajectory per device in each micro-batch.
+        ("seq-mean-token-mean", 4, 1, 16, 4),
+    ],
+)
+def test_devices_match_one_device(loss_agg, data, fsdp, rows, accum):
     code = MULTI_DEVICE_CHECK.replace("LOSS_AGG", repr(loss_agg))
-    result = json.loads(run_with_devices(code, num_devices=8).strip().splitlines()[-1])
-    eight, one = result["eight"], result["one"]
-    assert eight["embed_shard_shape"] == [fx.VOCAB, fx.DIM // 2]
-    assert eight["loss"] == pytest.approx(one["loss"], rel=1e-5, abs=1e-6)  # terms of size ~1
+    for name, value in (("DATA", data), ("FSDP", fsdp), ("ROWS", rows), ("ACCUM", accum)):
+        code = code.replace(name, str(value))
+    result = json.loads(run_with_devices(code, num_devices=data * fsdp).strip().splitlines()[-1])
+    many, one = result["many"], result["one"]
+    assert many["embed_shard_shape"] == [fx.VOCAB, fx.DIM // fsdp]
+    assert many["loss"] == pytest.approx(one["loss"], rel=1e-5, abs=1e-6)  # terms of size ~1
     for key in ("grads", "params"):
-        got, want = np.array(jax.tree.leaves(eight[key])), np.array(jax.tree.leaves(one[key]))
+        got, want = np.array(jax.tree.leaves(many[key])), np.array(jax.tree.leaves(one[key]))
         np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-6)
 
 

@@ -1,4 +1,7 @@
-"""Evaluates a policy on BFCL multi-turn tasks with the plain interface and official semantics.
+"""Evaluates a policy on BFCL multi-turn tasks with the plain interface under one evaluation
+protocol: `--protocol=release` (default; the SEAL release's validation environment, whose numbers
+the paper reports) or `--protocol=official` (BFCL's runner); docs/protocol.md. Tools are shown
+in the release's prompt style (environments/rendering.py).
 
     python -m environments.bfcl.evaluate --policy=oracle --split=eval --workdir=workdirs/eval_oracle
 
@@ -18,11 +21,11 @@ from typing import NoReturn, Protocol
 from absl import app, flags, logging
 from tqdm import tqdm
 
-from environments.bfcl.tasks import load_task
-from environments.episode import EpisodeConfig, EpisodeResult
+from environments.bfcl.tasks import SPLITS, load_task
+from environments.episode import PROTOCOLS, EpisodeConfig, EpisodeResult
 from environments.policies import NoActionPolicy, OraclePolicy
 from environments.pool import EnvPool, PoolConfig
-from environments.rendering import Message
+from environments.rendering import Message, Renderer
 from environments.summary import write_report
 from environments.task import ToolTask
 
@@ -38,13 +41,18 @@ class Policy(Protocol):
 
 
 def run_episodes(
-    policy: Policy, task_ids: list[str], pool: EnvPool, batch_size: int = 64
+    policy: Policy,
+    task_ids: list[str],
+    pool: EnvPool,
+    batch_size: int = 64,
+    renderer: Renderer | None = None,
 ) -> list[EpisodeResult]:
-    """Plays every task once with `policy` in batches on `pool`; returns the verdicts in order."""
+    """Plays every task once with `policy` in batches on `pool`, shown through `renderer` (None:
+    the plain `Renderer`); returns the verdicts in order."""
     results = []
     for start in tqdm(range(0, len(task_ids), batch_size), desc="batches", unit="batch"):
         batch = task_ids[start : start + batch_size]
-        observations = pool.reset(batch)
+        observations = pool.reset(batch, renderer)
         policy.start(batch)
         dones = [False] * len(batch)
         while not all(dones):
@@ -99,6 +107,20 @@ def define_flags() -> None:
     """Flags of the evaluation commands (this module's and environments.suite.evaluate's)."""
     flags.DEFINE_enum("policy", "oracle", ["oracle", "noop"], "Scripted policy to evaluate.")
     flags.DEFINE_enum("split", "eval", ["train", "eval"], "Task split.")
+    flags.DEFINE_enum(
+        "protocol",
+        PROTOCOLS[0],
+        list(PROTOCOLS),
+        "Evaluation protocol (environments/episode.py): release, the SEAL release's validation "
+        "environment (the paper's numbers), or official, BFCL's runner.",
+    )
+    flags.DEFINE_enum(
+        "bfcl_split",
+        SPLITS[0],
+        list(SPLITS),
+        "Which 400/400 BFCL split (environments/bfcl/tasks.py: SPLIT_FILES): release, the "
+        "official SEAL release's, or seeded, the project's own draw. The suite ignores it.",
+    )
     flags.DEFINE_string(
         "workdir", None, "Where metrics.json and transcripts.jsonl go.", required=True
     )
@@ -108,28 +130,34 @@ def define_flags() -> None:
     flags.DEFINE_integer("limit", 0, "Evaluate only the first N tasks of the split (0: all).", 0)
 
 
-def evaluate_split(env: str) -> None:
-    """Runs the evaluation given by the flags on environment `env` ("bfcl" or "suite")."""
+def evaluate_split(env: str, prompt_style: str = "chat_template") -> None:
+    """Runs the evaluation given by the flags on environment `env` ("bfcl" or "suite"), tools
+    shown in `prompt_style` (environments.rendering.PROMPT_STYLES)."""
     from environments.sources import get_source
 
-    config, source = flags.FLAGS, get_source(env)
+    config = flags.FLAGS
+    source = get_source(env, config.bfcl_split)
     workdir = prepare_workdir(config.workdir)
     task_ids = source.split_ids(config.split)[: config.limit or None]
     policy = make_policy(config.policy, task_ids, source.load_task)
-    episode = EpisodeConfig(mode="official", max_model_calls=config.max_model_calls)
+    episode = EpisodeConfig(mode=config.protocol, max_model_calls=config.max_model_calls)
     pool_config = PoolConfig(num_workers=config.num_workers, episode=episode)
+    renderer = Renderer(prompt_style=prompt_style)
     with EnvPool(source.load_task, pool_config) as pool:
-        results = run_episodes(policy, task_ids, pool, config.batch_size)
+        results = run_episodes(policy, task_ids, pool, config.batch_size, renderer)
     extra = {"env": env, "policy": config.policy, "split": config.split, "interface": "plain"}
+    extra |= {"protocol": config.protocol, "prompt_style": prompt_style}
+    if env == "bfcl":
+        extra["bfcl_split"] = config.bfcl_split
     metrics = write_report(workdir, results, extra, source.categories)
     logging.info("accuracy %s mean %.4f", metrics["accuracy"], metrics["mean"])
     print(json.dumps({"accuracy": metrics["accuracy"], "mean": metrics["mean"]}))
 
 
 def main(argv: list[str]) -> None:
-    """Evaluates on BFCL."""
+    """Evaluates on BFCL, tools shown as the SEAL release shows them."""
     del argv
-    evaluate_split("bfcl")
+    evaluate_split("bfcl", prompt_style="release")
 
 
 if __name__ == "__main__":

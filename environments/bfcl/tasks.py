@@ -17,7 +17,14 @@ from environments.task import ToolTask
 CATEGORIES = ("base", "miss_func", "miss_param", "long_context")
 SPLIT_SEED = 2605
 TRAIN_PER_CATEGORY = 100
-SPLIT_PATH = Path(__file__).with_name("split.json")
+# The 400/400 splits by name (config env.bfcl_split): "release", the ids the official SEAL
+# release trains and evaluates on (its data/bfcl_train.parquet and data/bfcl_eval_400.parquet);
+# "seeded", this project's own draw (`make_split(SPLIT_SEED)`). The first is the default.
+SPLIT_FILES = {
+    "release": Path(__file__).with_name("release_split.json"),
+    "seeded": Path(__file__).with_name("split.json"),
+}
+SPLITS = tuple(SPLIT_FILES)
 DATA_DIR = Path(bfcl_eval.__file__).parent / "data"
 
 
@@ -71,7 +78,8 @@ def build_task(entry: dict, answer: dict) -> ToolTask:
     docs = [dict(doc) for name in classes for doc in _function_docs(name)]
     revealed = {}
     for turn, names in entry.get("missed_function", {}).items():
-        revealed[int(turn)] = [doc for doc in docs if doc["name"] in names]
+        by_name = {doc["name"]: doc for doc in docs}  # revealed in missed_function's order
+        revealed[int(turn)] = [by_name[name] for name in names if name in by_name]
         docs = [doc for doc in docs if doc["name"] not in names]
     category = category_of(entry["id"])
     return ToolTask(
@@ -107,7 +115,7 @@ def load_task(task_id: str) -> ToolTask:
 
 
 def make_split(seed: int = SPLIT_SEED) -> dict[str, list[str]]:
-    """Draws the paper's split: TRAIN_PER_CATEGORY training ids per category, the rest eval."""
+    """Draws the "seeded" split: TRAIN_PER_CATEGORY training ids per category, the rest eval."""
     rng = random.Random(seed)
     train, evaluation = [], []
     for category in CATEGORIES:
@@ -118,9 +126,16 @@ def make_split(seed: int = SPLIT_SEED) -> dict[str, list[str]]:
     return {"train": train, "eval": evaluation}
 
 
-def split_ids(split: str) -> list[str]:
-    """Returns the committed task ids of "train" or "eval" (environments/bfcl/split.json)."""
-    splits = json.loads(SPLIT_PATH.read_text())
+def split_ids(split: str, bfcl_split: str = SPLITS[0]) -> list[str]:
+    """Returns the task ids of "train" or "eval" in the split named `bfcl_split` (SPLIT_FILES)."""
     if split not in ("train", "eval"):
         raise ValueError(f"split must be 'train' or 'eval', got {split!r}")
-    return splits[split]
+    return list(_split_file(bfcl_split)[split])
+
+
+@functools.cache
+def _split_file(bfcl_split: str) -> dict:
+    """The committed split file of one split name."""
+    if bfcl_split not in SPLIT_FILES:
+        raise ValueError(f"unknown BFCL split {bfcl_split!r}; use one of {', '.join(SPLITS)}")
+    return json.loads(SPLIT_FILES[bfcl_split].read_text())
