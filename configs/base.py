@@ -19,6 +19,7 @@ def base_config() -> ml_collections.ConfigDict:
     c.model.remat = True  # rematerialise each decoder layer in the backward pass
     c.model.logprob_chunk = 512  # sequence chunk for log-probs (never a full [B, T, V] fp32 array)
     c.model.attn_chunk = 1024  # queries per attention block in training passes (no [T, T] scores)
+    c.model.mlp_chunk = 0  # positions per feed-forward block in training passes (0: all at once)
     # Layers per iteration of the layer scan in training passes (warm start, RL update): 1 keeps
     # compile time flat in depth; a shallow model on CPU runs faster fully unrolled (the layer
     # count). Rollouts always scan: unrolled, a CPU decode step took 1.6-1.9x as long.
@@ -238,6 +239,9 @@ def base_config() -> ml_collections.ConfigDict:
     # "": this host's devices
     c.aot.topology = ""
     c.aot.dump_hlo = False  # also write each program's optimized HLO to <workdir>/hlo/
+    # Training on a TPU or GPU first runs the check for its own devices (before any weight is
+    # read) and stops, with the check's error, when a program cannot fit.
+    c.aot.check_before_train = True
 
     # Persistent XLA compilation cache: every compiled program (one per bucket shape) is saved
     # here and loaded by later runs instead of compiled again. "" turns it off; a directory

@@ -16,6 +16,7 @@ import json
 import math
 import os
 import re
+import tempfile
 from typing import Any
 
 import jax
@@ -154,26 +155,49 @@ def _batch(mesh: Mesh, rows: int, length: int, with_ref: bool) -> dict[str, Any]
 
 
 def compile_memory(
-    name: str, lowered: Any, args: tuple, other_resident: int = 0
+    name: str, lowered: Any, args: tuple, other_resident: int = 0, tpu: bool = False
 ) -> tuple[ProgramMemory, Any]:
-    """Compiles a lowered program; returns its ProgramMemory and the compiled program (None when
-    the compiler refused it for lack of memory, the overflow then read from its message)."""
-    try:
-        compiled = lowered.compile()
-    except jax.errors.JaxRuntimeError as error:
-        message = str(error)
-        need = re.search(r"required for HLO temporaries \(([\d.]+)([KMGT])\)", message)
-        if "RESOURCE_EXHAUSTED" not in message or not need:
-            raise
-        temp = int(float(need.group(1)) * 1024 ** "KMGT".index(need.group(2)) * 1024)
-        memory = ProgramMemory(name, device_bytes(args), 0, temp, other_resident, message)
-        return memory, None
-    m = compiled.memory_analysis()
+    """Compiles a lowered program (`tpu`: for TPU devices); returns its ProgramMemory and the
+    compiled program (None when the compiler refused it for lack of memory, the overflow then
+    read from its message)."""
+    with tempfile.TemporaryDirectory() as dump:
+        try:
+            compiled = lowered.compile({"xla_dump_to": dump} if tpu else None)
+        except jax.errors.JaxRuntimeError as error:
+            message = str(error)
+            need = re.search(r"required for HLO temporaries \(([\d.]+)([KMGT])\)", message)
+            if "RESOURCE_EXHAUSTED" not in message or not need:
+                raise
+            # The figure counts the program's arguments as well as its temporaries.
+            total = int(float(need.group(1)) * 1024 ** "KMGT".index(need.group(2)) * 1024)
+            arguments = device_bytes(args)
+            memory = ProgramMemory(
+                name, arguments, 0, max(total - arguments, 0), other_resident, message
+            )
+            return memory, None
+        m = compiled.memory_analysis()
+        temp = _hbm_temp_bytes(dump) if tpu else m.temp_size_in_bytes
     fresh = max(m.output_size_in_bytes - m.alias_size_in_bytes, 0)
-    memory = ProgramMemory(
-        name, m.argument_size_in_bytes, fresh, m.temp_size_in_bytes, other_resident
-    )
+    memory = ProgramMemory(name, m.argument_size_in_bytes, fresh, temp, other_resident)
     return memory, compiled
+
+
+def _hbm_temp_bytes(dump_dir: str) -> int:
+    """The HBM block a TPU program allocates for its temporaries, from the compiler's buffer
+    assignment: the preallocated temporaries of the default memory space (other colours are
+    on-chip memories).
+
+    Not `memory_analysis().temp_size_in_bytes`: for a large program such as the update it reports
+    several GiB more than the compiler allocates, while the compiler's own check (it refuses a
+    program whose arguments and this block exceed the chip's memory) uses the block; a program
+    given extra arguments is accepted exactly up to that bound.
+    """
+    names = [f for f in os.listdir(dump_dir) if f.endswith("-buffer-assignment.txt")]
+    if len(names) != 1:
+        raise RuntimeError(f"expected one buffer assignment in the compiler's dump, got {names}")
+    with open(os.path.join(dump_dir, names[0])) as f:
+        sizes = re.findall(r"^allocation \d+: size (\d+), preallocated-temp:", f.read(), re.M)
+    return sum(int(size) for size in sizes)
 
 
 def collectives(hlo_text: str) -> collections.Counter:
@@ -218,7 +242,10 @@ def target_devices(topology: str) -> list[Any]:
 
 
 def hbm_bytes(device: Any) -> int:
-    """Memory of one chip (TPU by device kind; a CPU device gets its share of host memory)."""
+    """Memory of one chip (TPU by device kind, a GPU from its allocator's limit; a CPU device
+    gets its share of host memory)."""
+    if device.platform == "gpu":
+        return int(device.memory_stats()["bytes_limit"])
     if device.platform == "tpu":
         if device.device_kind not in estimate.CHIPS:
             raise config_lib.ConfigError(f"unknown TPU kind {device.device_kind!r}")
@@ -227,11 +254,12 @@ def hbm_bytes(device: Any) -> int:
     return host // len(jax.local_devices())
 
 
-def check(config: Any, cfg: QwenConfig, workdir: str) -> dict:
+def check(config: Any, cfg: QwenConfig, workdir: str, topology: str | None = None) -> dict:
     """`run.py --mode=compile`: compiles every program a training step runs at the config's
     largest shapes for `config.aot.topology`, prints a per-chip table, writes
     `<workdir>/compile.json` (and `<workdir>/hlo/<program>.txt` with `aot.dump_hlo`), and returns
-    the report.
+    the report. topology: overrides `config.aot.topology` ("" for this host's devices, as a
+    training run checks itself).
 
     Raises:
       DoesNotFit: a program needs more than a chip's memory (names it, by how much, and what
@@ -239,7 +267,8 @@ def check(config: Any, cfg: QwenConfig, workdir: str) -> dict:
     """
     from seal_jax import rollout
 
-    devices = target_devices(config.aot.topology)
+    topology = config.aot.topology if topology is None else topology
+    devices = target_devices(topology)
     mesh = sharding.make_mesh(config.mesh.data, config.mesh.fsdp, config.mesh.tensor, devices)
     model = abstract_model(
         cfg,
@@ -277,17 +306,20 @@ def check(config: Any, cfg: QwenConfig, workdir: str) -> dict:
     resident["kv_cache"] = device_bytes(decode_args[1])  # (params, cache, logits, ...)
     programs = []
     for name, (low, args) in lowered.items():
-        program, compiled = compile_memory(name, low, args, beside[name])
+        tpu = devices[0].platform == "tpu"
+        program, compiled = compile_memory(name, low, args, beside[name], tpu)
         programs.append(program)
-        if compiled is not None and config.aot.dump_hlo:
+        if compiled is not None and config.aot.dump_hlo and jax.process_index() == 0:
             os.makedirs(os.path.join(workdir, "hlo"), exist_ok=True)
             with open(os.path.join(workdir, "hlo", f"{name}.txt"), "w") as f:
                 f.write(compiled.as_text())
-    report = _report(config, devices, resident, programs)
+    report = _report(config, topology, devices, resident, programs)
     report["estimate"] = estimate.step_estimate(config, cfg, devices[0].device_kind, len(devices))
-    with open(os.path.join(workdir, "compile.json"), "w") as f:
-        json.dump(report, f, indent=2)
-    print(format_table(report))
+    if jax.process_index() == 0:  # every process compiles the same programs
+        os.makedirs(workdir, exist_ok=True)
+        with open(os.path.join(workdir, "compile.json"), "w") as f:
+            json.dump(report, f, indent=2)
+        print(format_table(report))
     if not report["fits"]:
         worst = max(programs, key=lambda p: p.peak_bytes)
         over = (worst.peak_bytes - report["hbm_bytes_per_chip"]) / GIB
@@ -312,13 +344,15 @@ def _advice(program: str) -> str:
     )
 
 
-def _report(config: Any, devices: list, resident: dict, programs: list[ProgramMemory]) -> dict:
+def _report(
+    config: Any, topology: str, devices: list, resident: dict, programs: list[ProgramMemory]
+) -> dict:
     """The JSON record of a compile check."""
     hbm = hbm_bytes(devices[0])
     fits = [p.peak_bytes <= hbm and not p.error for p in programs]
     return {
         "fits": all(fits),
-        "topology": config.aot.topology or "local",
+        "topology": topology or "local",
         "device_kind": devices[0].device_kind,
         "chips": len(devices),
         "hbm_bytes_per_chip": hbm,

@@ -34,8 +34,10 @@ def validate(c: Any) -> None:
     """Raises ConfigError for the first invalid field of config `c` (a ConfigDict)."""
     _choice(c.model.param_dtype, "model.param_dtype", tuple(DTYPES))
     _choice(c.model.compute_dtype, "model.compute_dtype", tuple(DTYPES))
-    if c.model.logprob_chunk <= 0 or c.model.attn_chunk <= 0:
-        raise ConfigError("--config.model.logprob_chunk and attn_chunk must be positive")
+    if c.model.logprob_chunk <= 0 or c.model.attn_chunk <= 0 or c.model.mlp_chunk < 0:
+        raise ConfigError(
+            "--config.model.logprob_chunk and attn_chunk must be positive, mlp_chunk >= 0"
+        )
     if c.model.scan_unroll < 1:
         raise ConfigError(f"--config.model.scan_unroll={c.model.scan_unroll}: use 1 or more")
     for axis in ("data", "fsdp", "tensor"):

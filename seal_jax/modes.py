@@ -202,6 +202,12 @@ def use_compilation_cache(path: str) -> None:
     logging.info("compilation cache: %s", jax.config.jax_compilation_cache_dir)
 
 
+def _check_before_train(config: Any) -> bool:
+    """Whether training first compiles its programs for this host's accelerators
+    (`aot.check_before_train`; CPU runs skip it)."""
+    return config.aot.check_before_train and jax.default_backend() in ("tpu", "gpu")
+
+
 def run(mode: str, config: Any, workdir: str) -> None:
     """Runs `mode` ('train', 'eval', 'export' or 'compile')."""
     from seal_jax import aot, distributed, trainer
@@ -209,10 +215,12 @@ def run(mode: str, config: Any, workdir: str) -> None:
     use_compilation_cache(config.compilation_cache_dir)
     if config.distributed.enabled:
         distributed.initialize(config.distributed)
-    if mode == "compile":  # the architecture only: no weights are read
+    if mode == "compile" or (mode == "train" and _check_before_train(config)):
+        # The architecture only: no weights are read. Training stops here when it cannot fit.
         architecture = QwenConfig.from_dir(os.path.expanduser(policy_dir(config, workdir)))
-        aot.check(config, architecture, workdir)
-        return
+        aot.check(config, architecture, workdir, None if mode == "compile" else "")
+        if mode == "compile":
+            return
     if mode == "export" and _latest_step(workdir) is None:
         # Before the model (and, with model.scratch / sft.steps, a warm start) is built for nothing.
         raise CheckpointError(f"no training checkpoint in {workdir!r} to export")

@@ -9,7 +9,9 @@ Activations carry their layout too (`constrain`, with the logical axes of ACTIVA
 batch stays split over (data, fsdp) through every layer. Without that XLA follows the weights'
 layout, splits activations on the model dimension and gathers them over the whole global batch;
 with it, each layer's weights are gathered just in time instead, so per-chip activation memory
-does not grow with the chip count (FSDP).
+does not grow with the chip count (FSDP). The loss is vocabulary-parallel: the output matrix is
+split on the vocabulary over every chip and each chunk of hidden states is gathered instead, so
+no chip holds the whole [E, V] matrix or its float32 gradient.
 """
 
 from __future__ import annotations
@@ -27,7 +29,8 @@ from jax.sharding import PartitionSpec as P
 MESH_AXES = ("data", "fsdp", "tensor")
 BATCH_AXES = ("data", "fsdp")
 # Logical activation axes -> mesh axes; a logical axis not listed (or None) is not split.
-ACTIVATION_AXES = {"batch": BATCH_AXES, "heads": "tensor", "mlp": "tensor", "vocab": "tensor"}
+# "vocab" splits the output vocabulary over every chip for the loss (`chunked_token_logprobs`).
+ACTIVATION_AXES = {"batch": BATCH_AXES, "heads": "tensor", "mlp": "tensor", "vocab": MESH_AXES}
 
 # (regex on the "/"-joined parameter path, spec of the parameter's own (unstacked) dims).
 PARAM_RULES: tuple[tuple[str, tuple[Any, ...]], ...] = (

@@ -72,6 +72,7 @@ def build_updater(config: Any, model: LoadedModel) -> Updater:
         remat=config.model.remat,
         with_entropy=config.rl.entropy_coef > 0,
         attn_chunk=config.model.attn_chunk,
+        mlp_chunk=config.model.mlp_chunk,
         scan_unroll=config.model.scan_unroll,
     )
 

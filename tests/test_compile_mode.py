@@ -89,3 +89,20 @@ def test_step_estimate_counts_every_weight_matrix_and_scales_with_chips():
     assert eight["update_s_per_step"] == pytest.approx(four["update_s_per_step"] / 2)
     assert eight["paper_run_hours"] == pytest.approx(four["paper_run_hours"] / 2)
     assert estimate.step_estimate(c, cfg, "cpu", 8) == {}
+
+
+def test_training_on_an_accelerator_stops_before_any_weight_when_a_program_cannot_fit(
+    tmp_path, monkeypatch
+):
+    from configs import tiny
+    from seal_jax import aot, modes
+
+    config = tiny.get_config()
+    config.compilation_cache_dir = ""
+    assert not modes._check_before_train(config)  # on this CPU host: no check
+    monkeypatch.setattr(modes.jax, "default_backend", lambda: "gpu")
+    monkeypatch.setattr(aot, "hbm_bytes", lambda device: 2**20)  # a 1 MiB accelerator
+    with pytest.raises(aot.DoesNotFit, match="needs .* GiB per chip"):
+        modes.run("train", config, str(tmp_path))
+    assert json.loads((tmp_path / "compile.json").read_text())["fits"] is False
+    assert not (tmp_path / "warm_start").exists() and not (tmp_path / "checkpoints").exists()

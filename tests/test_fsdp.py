@@ -4,6 +4,8 @@ at a fixed number of rows per device (4 and 8 simulated CPU devices, compiled ah
 
 import json
 
+import numpy as np
+
 from tests.devices import run_with_devices
 
 HIDDEN, MLP, LENGTH = 256, 1024, 256
@@ -49,4 +51,47 @@ def test_update_gathers_weights_not_activations_and_memory_stays_flat():
         # no hidden states gathered over the global batch
         assert not [g for g in gathers if g.startswith(f"f32[{n},{LENGTH},")], gathers
         assert not [g for g in gathers if g.startswith(f"bf16[{n},{LENGTH},")], gathers
+        # the loss is vocabulary-parallel: the output matrix is never gathered whole
+        assert not {f"f32[{HIDDEN},2048]", f"bf16[{HIDDEN},2048]"} & gathers, gathers
     assert eight["temp"] <= 1.05 * four["temp"], (four["temp"], eight["temp"])
+
+
+SHARDED_LOGPROBS = """
+import json
+import jax, jax.numpy as jnp, numpy as np
+from seal_jax import sharding
+from seal_jax.models import QwenConfig
+from seal_jax.models.qwen import init_params, token_logprobs
+
+cfg = QwenConfig(model_type="qwen2", vocab_size=512, hidden_size=64, intermediate_size=128,
+    num_layers=2, num_heads=4, num_kv_heads=2, head_dim=16, rope_theta=1e6, rms_norm_eps=1e-6,
+    qkv_bias=True, qk_norm=False, tie_word_embeddings=False, max_position_embeddings=512)
+params = init_params(cfg, jax.random.key(0))
+rng = np.random.default_rng(0)
+ids = rng.integers(0, 512, (8, 64)).astype(np.int32)
+positions = np.broadcast_to(np.arange(64, dtype=np.int32), ids.shape)
+mask = np.arange(64)[None] < rng.integers(20, 65, (8, 1))
+targets = np.roll(ids, -1, axis=1)
+
+def loss(p):
+    logp, ent = token_logprobs(p, cfg, ids, positions, mask, targets, chunk=16, remat=True,
+                               with_entropy=True, attn_chunk=16, mlp_chunk=16)
+    return jnp.sum(logp * mask) + jnp.sum(ent * mask), (logp, ent)
+
+def run(mesh):
+    with jax.set_mesh(mesh):
+        p = jax.device_put(params, sharding.param_shardings(params, mesh))
+        (_, (logp, ent)), grads = jax.jit(jax.value_and_grad(loss, has_aux=True))(p)
+    return [np.asarray(x).tolist() for x in (logp, ent, *jax.tree.leaves(grads))]
+
+print(json.dumps({"many": run(sharding.make_mesh(2, 4, 1)),
+                  "one": run(sharding.single_device_mesh())}))
+"""
+
+
+def test_sharded_log_probs_and_gradients_equal_one_devices():
+    """Vocabulary-parallel loss, sequence-chunked MLP and attention on a (data 2, fsdp 4) mesh
+    give the single device's log-probs, entropies and gradients."""
+    result = json.loads(run_with_devices(SHARDED_LOGPROBS, 8).strip().splitlines()[-1])
+    for got, want in zip(result["many"], result["one"]):
+        np.testing.assert_allclose(np.array(got), np.array(want), rtol=1e-4, atol=1e-5)

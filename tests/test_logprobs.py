@@ -125,6 +125,18 @@ def test_query_chunked_attention_matches_one_block(tiny_checkpoints):
     _assert_same(whole, g_whole, chunked, g_chunked, mask.astype(bool))
 
 
+def test_sequence_chunked_feed_forward_matches_the_whole_sequence(tiny_checkpoints):
+    path, torch_model = tiny_checkpoints["qwen2_tied"]
+    ids, positions, mask, targets = _inputs(torch_model.config.vocab_size)
+    model = load_hf_checkpoint(path)
+    inputs = (ids, positions, mask, targets)
+    chunk = ids.shape[1] // 4
+    assert chunk and ids.shape[1] % chunk == 0  # several chunks of the sequence
+    whole, g_whole = _logprobs_and_grads(model, *inputs, remat=True)
+    chunked, g_chunked = _logprobs_and_grads(model, *inputs, remat=True, mlp_chunk=chunk)
+    _assert_same(whole, g_whole, chunked, g_chunked, mask.astype(bool))
+
+
 def _shared_prompt_batch(vocab, prompt_lengths=(7, 4), rows_per_prompt=3, width=16):
     """Whole sequences [B, width] and the same rows as prompts [G, P] plus continuations [B, T]."""
     rng = np.random.default_rng(1)

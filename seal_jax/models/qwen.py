@@ -237,20 +237,58 @@ class SelfAttention(nn.Module):
         return _dense(cfg.hidden_size, "o_proj", dt, pdt)(out), new_cache
 
 
+class Kernel(nn.Module):
+    """A dense layer's weight alone, named and initialised as `nn.Dense`'s `kernel`, for layers
+    that apply it themselves (`Mlp`'s sequence chunks)."""
+
+    shape: tuple[int, int]
+    param_dtype: Any
+
+    @nn.compact
+    def __call__(self) -> jax.Array:
+        """The [in, out] weight."""
+        return self.param("kernel", nn.initializers.lecun_normal(), self.shape, self.param_dtype)
+
+
 class Mlp(nn.Module):
-    """SwiGLU feed-forward: down(silu(gate(x)) * up(x))."""
+    """SwiGLU feed-forward: down(silu(gate(x)) * up(x)).
+
+    chunk: when positive and shorter than the sequence, the sequence goes through in chunks of
+    `chunk` positions, each rematerialised in the backward pass, so the [T, intermediate] blocks
+    exist for one chunk at a time (16k-token training rows; the feed-forward is position-wise,
+    so the result is the same).
+    """
 
     cfg: QwenConfig
     dtype: Any
     param_dtype: Any
+    chunk: int = 0
 
     @nn.compact
     def __call__(self, x: jax.Array) -> jax.Array:
         """x [B,T,E] -> [B,T,E]."""
-        f, dt, pdt = self.cfg.intermediate_size, self.dtype, self.param_dtype
-        gate = constrain(_dense(f, "gate_proj", dt, pdt)(x), "batch", None, "mlp")
-        up = constrain(_dense(f, "up_proj", dt, pdt)(x), "batch", None, "mlp")
-        return _dense(self.cfg.hidden_size, "down_proj", dt, pdt)(nn.silu(gate) * up)
+        e, f, dt, pdt = (
+            self.cfg.hidden_size,
+            self.cfg.intermediate_size,
+            self.dtype,
+            self.param_dtype,
+        )
+        gate_w = Kernel((e, f), pdt, name="gate_proj")().astype(dt)
+        up_w = Kernel((e, f), pdt, name="up_proj")().astype(dt)
+        down_w = Kernel((f, e), pdt, name="down_proj")().astype(dt)
+
+        def feed_forward(x: jax.Array) -> jax.Array:
+            gate = constrain(jnp.einsum("bte,ef->btf", x, gate_w), "batch", None, "mlp")
+            up = constrain(jnp.einsum("bte,ef->btf", x, up_w), "batch", None, "mlp")
+            return jnp.einsum("btf,fe->bte", nn.silu(gate) * up, down_w)
+
+        x = x.astype(dt)
+        b, t, _ = x.shape
+        if not 0 < self.chunk < t or t % self.chunk:
+            return feed_forward(x)
+        chunks = x.reshape(b, t // self.chunk, self.chunk, e).swapaxes(0, 1)
+        out = jax.lax.map(jax.checkpoint(feed_forward), chunks)
+        return out.swapaxes(0, 1).reshape(b, t, e)
 
 
 class DecoderLayer(nn.Module):
@@ -260,6 +298,7 @@ class DecoderLayer(nn.Module):
     dtype: Any
     param_dtype: Any
     attn_chunk: int = 1024
+    mlp_chunk: int = 0
 
     @nn.compact
     def __call__(self, x: jax.Array, layer_cache: Any, ctx: dict) -> tuple[jax.Array, Any]:
@@ -271,7 +310,9 @@ class DecoderLayer(nn.Module):
         a, new_cache = attn(h, layer_cache, ctx)
         x = constrain(x + a, "batch", None, None)
         h = RMSNorm(eps, dt, pdt, name="post_attention_layernorm")(x)
-        x = constrain(x + Mlp(self.cfg, dt, pdt, name="mlp")(h), "batch", None, None)
+        x = constrain(
+            x + Mlp(self.cfg, dt, pdt, self.mlp_chunk, name="mlp")(h), "batch", None, None
+        )
         return x, new_cache
 
 
@@ -284,6 +325,7 @@ class Qwen(nn.Module):
       param_dtype: dtype parameters are created in (loading casts to it as well).
       remat: rematerialise each layer in the backward pass (training memory).
       attn_chunk: queries per attention block on uncached calls (bounds [T, T] score memory).
+      mlp_chunk: positions per feed-forward block on long sequences (`Mlp`; 0: whole sequence).
       scan_unroll: layers per iteration of the layer scan (the layer count unrolls it: faster
         training passes for a shallow model on CPU, longer compiles for a deep one; slower
         cached decoding on CPU).
@@ -294,6 +336,7 @@ class Qwen(nn.Module):
     param_dtype: Any = jnp.float32
     remat: bool = False
     attn_chunk: int = 1024
+    mlp_chunk: int = 0
     scan_unroll: int = 1
 
     def setup(self) -> None:
@@ -314,7 +357,7 @@ class Qwen(nn.Module):
             in_axes=(0, nn.broadcast),
             length=cfg.num_layers,
             unroll=self.scan_unroll,
-        )(cfg, self.dtype, self.param_dtype, self.attn_chunk)
+        )(cfg, self.dtype, self.param_dtype, self.attn_chunk, self.mlp_chunk)
         self.norm = RMSNorm(cfg.rms_norm_eps, self.dtype, self.param_dtype)
         if not cfg.tie_word_embeddings:
             self.lm_head = self.param(
@@ -432,7 +475,11 @@ def chunked_token_logprobs(
     """Log-probs (and entropies) of targets [B,T] from hidden [B,T,E] and output matrix w [E,V].
 
     The sequence is processed in chunks of `chunk` positions, each rematerialised in the backward
-    pass, so at most a [B, chunk, V] float32 block of logits exists at any time.
+    pass, so at most a [B, chunk, V] float32 block of logits exists at any time. On a mesh the
+    vocabulary is split over every chip ("vocab") and each chunk's hidden states are gathered
+    over the batch: a chip computes all rows' logits for its share of the vocabulary, and the
+    gradient of w stays split (no chip holds w or its float32 gradient whole; the log-sum-exp
+    and the picked logit are reduced across chips).
     """
     b, t, e = hidden.shape
     chunk = min(chunk, t)
@@ -440,18 +487,23 @@ def chunked_token_logprobs(
     pad = n * chunk - t
     h = jnp.pad(hidden, ((0, 0), (0, pad), (0, 0))).reshape(b, n, chunk, e).swapaxes(0, 1)
     tg = jnp.pad(targets, ((0, 0), (0, pad))).reshape(b, n, chunk).swapaxes(0, 1)
+    w = constrain(w, None, "vocab")
+    vocab_ids = jnp.arange(w.shape[1])
 
     @jax.checkpoint
     def one_chunk(args: tuple[jax.Array, jax.Array]) -> tuple[jax.Array, jax.Array]:
         h_c, t_c = args
+        h_c = constrain(h_c, None, None, None)
         logits = jnp.einsum("bce,ev->bcv", h_c, w, preferred_element_type=jnp.float32)
-        logits = constrain(logits, "batch", None, "vocab")
+        logits = constrain(logits, None, None, "vocab")
         lse = jax.nn.logsumexp(logits, axis=-1)
-        picked = jnp.take_along_axis(logits, t_c[..., None], axis=-1)[..., 0]
-        if not with_entropy:
-            return picked - lse, jnp.zeros_like(lse)
-        probs = jnp.exp(logits - lse[..., None])
-        return picked - lse, lse - jnp.sum(probs * logits, axis=-1)
+        # A masked sum, not a gather, so a vocabulary split over chips needs only a reduction.
+        picked = jnp.sum(jnp.where(vocab_ids == t_c[..., None], logits, 0.0), axis=-1)
+        ent = jnp.zeros_like(lse)
+        if with_entropy:
+            probs = jnp.exp(logits - lse[..., None])
+            ent = lse - jnp.sum(probs * logits, axis=-1)
+        return constrain(picked - lse, "batch", None), constrain(ent, "batch", None)
 
     logp, ent = jax.lax.map(one_chunk, (h, tg))
     logp = logp.swapaxes(0, 1).reshape(b, n * chunk)[:, :t]
@@ -513,6 +565,7 @@ def token_logprobs(
     remat: bool = False,
     with_entropy: bool = False,
     attn_chunk: int = 1024,
+    mlp_chunk: int = 0,
     scan_unroll: int = 1,
     prompt: SharedPrompt | None = None,
 ) -> tuple[jax.Array, jax.Array | None]:
@@ -523,7 +576,14 @@ def token_logprobs(
     shared by each group of consecutive rows, computed once per group (`SharedPrompt`); the
     rows' input_ids then hold only what follows it.
     """
-    model = Qwen(cfg, dtype=dtype, remat=remat, attn_chunk=attn_chunk, scan_unroll=scan_unroll)
+    model = Qwen(
+        cfg,
+        dtype=dtype,
+        remat=remat,
+        attn_chunk=attn_chunk,
+        mlp_chunk=mlp_chunk,
+        scan_unroll=scan_unroll,
+    )
     return model.apply(
         {"params": params},
         input_ids,
