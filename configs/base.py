@@ -20,6 +20,10 @@ def base_config() -> ml_collections.ConfigDict:
     c.model.logprob_chunk = 512  # sequence chunk for log-probs (never a full [B, T, V] fp32 array)
     c.model.attn_chunk = 1024  # queries per attention block in training passes (no [T, T] scores)
     c.model.mlp_chunk = 0  # positions per feed-forward block in training passes (0: all at once)
+    # Attention in training passes: auto (the Pallas splash kernel on TPU: causal blocks skipped,
+    # no [T, T] scores; XLA's attention in attn_chunk blocks elsewhere) | xla | splash (off TPU:
+    # the kernel in Pallas' interpreter, slow)
+    c.model.attention = "auto"
     # Layers per iteration of the layer scan in training passes (warm start, RL update): 1 keeps
     # compile time flat in depth; a shallow model on CPU runs faster fully unrolled (the layer
     # count). Rollouts always scan: unrolled, a CPU decode step took 1.6-1.9x as long.

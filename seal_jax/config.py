@@ -38,6 +38,7 @@ def validate(c: Any) -> None:
         raise ConfigError(
             "--config.model.logprob_chunk and attn_chunk must be positive, mlp_chunk >= 0"
         )
+    _choice(c.model.attention, "model.attention", ("auto", "xla", "splash"))
     if c.model.scan_unroll < 1:
         raise ConfigError(f"--config.model.scan_unroll={c.model.scan_unroll}: use 1 or more")
     for axis in ("data", "fsdp", "tensor"):

@@ -122,19 +122,29 @@ def replicated(mesh: Mesh) -> NamedSharding:
     return NamedSharding(mesh, P())
 
 
-def constrain(x: jax.Array, *logical: str | None) -> jax.Array:
-    """x laid out by its logical axes (ACTIVATION_AXES) on the mesh being traced under.
-
-    A no-op outside a mesh context (`jax.set_mesh`) and on one device. Mesh axes that do not
-    divide their dimension are left out, so any shape stays legal.
-    """
+def logical_spec(shape: tuple[int, ...], *logical: str | None) -> P:
+    """The PartitionSpec of an array of `shape` laid out by its logical axes (ACTIVATION_AXES)
+    on the mesh being traced under. Mesh axes that do not divide their dimension are left out,
+    so any shape stays legal."""
     mesh = jax.sharding.get_abstract_mesh()
-    if mesh.empty or mesh.size == 1:
-        return x
     spec = []
-    for dim, name in zip(x.shape, logical):
+    for dim, name in zip(shape, logical):
         axes = ACTIVATION_AXES.get(name) if name else None
         axes = (axes,) if isinstance(axes, str) else tuple(axes or ())
         size = int(np.prod([mesh.shape[a] for a in axes])) if axes else 1
         spec.append(axes if axes and size > 1 and dim % size == 0 else None)
-    return jax.lax.with_sharding_constraint(x, P(*spec))
+    return P(*spec)
+
+
+def on_mesh() -> bool:
+    """Whether code is being traced under a mesh of more than one device (`jax.set_mesh`)."""
+    mesh = jax.sharding.get_abstract_mesh()
+    return not mesh.empty and mesh.size > 1
+
+
+def constrain(x: jax.Array, *logical: str | None) -> jax.Array:
+    """x laid out by its logical axes (`logical_spec`) on the mesh being traced under; a no-op
+    outside a mesh context and on one device."""
+    if not on_mesh():
+        return x
+    return jax.lax.with_sharding_constraint(x, logical_spec(x.shape, *logical))

@@ -73,6 +73,7 @@ def build_updater(config: Any, model: LoadedModel) -> Updater:
         with_entropy=config.rl.entropy_coef > 0,
         attn_chunk=config.model.attn_chunk,
         mlp_chunk=config.model.mlp_chunk,
+        attention=attention_kernel(config.model.attention, model.mesh),
         scan_unroll=config.model.scan_unroll,
     )
 
@@ -107,6 +108,16 @@ def build_updater(config: Any, model: LoadedModel) -> Updater:
     )
     share_prompt = can_share_prompt(config, shards)
     return Updater(config, model.mesh, step_fn, forward, share_prompt, optimizer, init_opt_state)
+
+
+def attention_kernel(setting: str, mesh: Any) -> str:
+    """The kernel (`seal_jax.models.qwen.ATTENTION_KERNELS`) of `model.attention` on the mesh's
+    devices: "auto" is the Pallas splash kernel on TPU and XLA's attention elsewhere; "splash"
+    off TPU runs the kernel in Pallas' interpreter (slow: for tests)."""
+    tpu = mesh.devices.flat[0].platform == "tpu"
+    if setting == "auto":
+        return "splash" if tpu else "xla"
+    return "splash_interpret" if setting == "splash" and not tpu else setting
 
 
 def micro_batch_rows(config: Any) -> int:

@@ -73,25 +73,40 @@ positions = np.broadcast_to(np.arange(64, dtype=np.int32), ids.shape)
 mask = np.arange(64)[None] < rng.integers(20, 65, (8, 1))
 targets = np.roll(ids, -1, axis=1)
 
-def loss(p):
+def loss(p, attention):
     logp, ent = token_logprobs(p, cfg, ids, positions, mask, targets, chunk=16, remat=True,
-                               with_entropy=True, attn_chunk=16, mlp_chunk=16)
+                               with_entropy=True, attn_chunk=16, mlp_chunk=16,
+                               attention=attention)
     return jnp.sum(logp * mask) + jnp.sum(ent * mask), (logp, ent)
 
-def run(mesh):
+def run(mesh, attention="xla"):
     with jax.set_mesh(mesh):
         p = jax.device_put(params, sharding.param_shardings(params, mesh))
-        (_, (logp, ent)), grads = jax.jit(jax.value_and_grad(loss, has_aux=True))(p)
-    return [np.asarray(x).tolist() for x in (logp, ent, *jax.tree.leaves(grads))]
+        step = jax.jit(jax.value_and_grad(loss, has_aux=True), static_argnums=1)
+        (_, (logp, ent)), grads = step(p, attention)
+    # Padding positions are compared as zeros: what they attend to differs by kernel, unused.
+    return [np.asarray(x).tolist() for x in (logp * mask, ent * mask, *jax.tree.leaves(grads))]
 
 print(json.dumps({"many": run(sharding.make_mesh(2, 4, 1)),
+                  "splash": run(sharding.make_mesh(2, 2, 2), "splash_interpret"),
                   "one": run(sharding.single_device_mesh())}))
 """
 
 
 def test_sharded_log_probs_and_gradients_equal_one_devices():
-    """Vocabulary-parallel loss, sequence-chunked MLP and attention on a (data 2, fsdp 4) mesh
-    give the single device's log-probs, entropies and gradients."""
+    """Vocabulary-parallel loss, sequence-chunked MLP and attention on a (data 2, fsdp 4) mesh,
+    and the splash kernel per shard on a (2, 2, tensor 2) mesh, give the single device's
+    log-probs, entropies and gradients."""
     result = json.loads(run_with_devices(SHARDED_LOGPROBS, 8).strip().splitlines()[-1])
-    for got, want in zip(result["many"], result["one"]):
-        np.testing.assert_allclose(np.array(got), np.array(want), rtol=1e-4, atol=1e-5)
+    for sharded in ("many", "splash"):
+        for got, want in zip(result[sharded], result["one"]):
+            np.testing.assert_allclose(np.array(got), np.array(want), rtol=1e-4, atol=1e-5)
+
+
+def test_auto_attention_is_the_splash_kernel_on_tpu_only():
+    from seal_jax import sharding, update
+
+    mesh = sharding.single_device_mesh()  # this host's CPU
+    assert update.attention_kernel("auto", mesh) == "xla"
+    assert update.attention_kernel("splash", mesh) == "splash_interpret"
+    assert update.attention_kernel("xla", mesh) == "xla"

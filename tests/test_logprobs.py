@@ -137,6 +137,19 @@ def test_sequence_chunked_feed_forward_matches_the_whole_sequence(tiny_checkpoin
     _assert_same(whole, g_whole, chunked, g_chunked, mask.astype(bool))
 
 
+@pytest.mark.parametrize("variant", ["qwen3", "qwen2_tied"])
+def test_splash_kernel_matches_xla_attention(tiny_checkpoints, variant):
+    """The Pallas splash kernel (in its interpreter here; compiled for TPU in the compile
+    targets) gives XLA attention's log-probs and gradients on padded rows."""
+    path, torch_model = tiny_checkpoints[variant]
+    ids, positions, mask, targets = _inputs(torch_model.config.vocab_size)
+    model = load_hf_checkpoint(path)
+    inputs = (ids, positions, mask, targets)
+    xla, g_xla = _logprobs_and_grads(model, *inputs, remat=True)
+    kernel, g_kernel = _logprobs_and_grads(model, *inputs, remat=True, attention="splash_interpret")
+    _assert_same(xla, g_xla, kernel, g_kernel, mask.astype(bool))
+
+
 def _shared_prompt_batch(vocab, prompt_lengths=(7, 4), rows_per_prompt=3, width=16):
     """Whole sequences [B, width] and the same rows as prompts [G, P] plus continuations [B, T]."""
     rng = np.random.default_rng(1)

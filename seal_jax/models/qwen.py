@@ -30,9 +30,12 @@ from typing import Any
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
+from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_kernel as splash
+from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_mask as splash_mask
+from jax.sharding import PartitionSpec as P
 
 from seal_jax.models.config import QwenConfig
-from seal_jax.sharding import constrain
+from seal_jax.sharding import constrain, logical_spec, on_mesh
 
 Params = Any
 Cache = dict[str, jax.Array]
@@ -163,6 +166,77 @@ def causal_attention(
     return out.swapaxes(0, 1).reshape(q.shape[0], n * chunk, *q.shape[2:])[:, :t]
 
 
+# Attention of uncached passes (`Qwen.attention`): XLA's (`causal_attention`), the Pallas splash
+# kernel compiled for TPU (`splash_causal_attention`), or the same kernel in Pallas' interpreter
+# (any backend; tests).
+ATTENTION_KERNELS = ("xla", "splash", "splash_interpret")
+# Query and key positions per splash-kernel block when the sequence is a multiple of it (else 128).
+SPLASH_BLOCK = 512
+
+
+def splash_causal_attention(
+    q: jax.Array, k: jax.Array, v: jax.Array, key_mask: jax.Array, interpret: bool = False
+) -> jax.Array:
+    """Causal GQA over a whole sequence with the Pallas splash-attention kernel (TPU): the
+    contract of `causal_attention` without a prefix. Blocks above the diagonal are skipped, so a
+    16k-token pass does half the work of full scores, and no [T, T] scores exist in memory.
+    Padding is a segment of its own (key_mask), so real queries see only real keys.
+
+    On a mesh the kernel runs per shard (`jax.shard_map`): rows over the batch axes, heads over
+    `tensor` when both the query and key heads split. interpret: run the kernel in Pallas'
+    interpreter (any backend).
+    """
+
+    def local(q: jax.Array, k: jax.Array, v: jax.Array, key_mask: jax.Array) -> jax.Array:
+        return _splash_local(q, k, v, key_mask, interpret)
+
+    if not on_mesh():
+        return local(q, k, v, key_mask)
+    q_spec = logical_spec(q.shape, "batch", None, "heads", None)
+    kv_spec = logical_spec(k.shape, "batch", None, "heads", None)
+    if q_spec != kv_spec:  # the key heads do not split: keep every query head with its keys
+        q_spec = kv_spec = P(kv_spec[0], None, None, None)
+    mask_spec = logical_spec(key_mask.shape, "batch", None)
+    # check_vma off: the kernel's pallas_call does not declare how its outputs vary over the mesh.
+    specs = {"in_specs": (q_spec, kv_spec, kv_spec, mask_spec), "out_specs": q_spec}
+    return jax.shard_map(local, **specs, check_vma=False)(q, k, v, key_mask)
+
+
+def _splash_local(
+    q: jax.Array, k: jax.Array, v: jax.Array, key_mask: jax.Array, interpret: bool
+) -> jax.Array:
+    """splash_causal_attention on one device: q [B,T,H,D], k/v [B,T,KVH,D] -> [B,T,H,D]."""
+    b, t, h, d = q.shape
+    pad = -t % 128  # the kernel's smallest block
+    if pad:
+        q, k, v = (jnp.pad(x, ((0, 0), (0, pad), (0, 0), (0, 0))) for x in (q, k, v))
+        key_mask = jnp.pad(key_mask, ((0, 0), (0, pad)))
+    length = t + pad
+    block = SPLASH_BLOCK if length % SPLASH_BLOCK == 0 else 128
+    sizes = splash.BlockSizes(
+        block_q=block,
+        block_kv=block,
+        block_kv_compute=block,
+        block_q_dkv=block,
+        block_kv_dkv=block,
+        block_kv_dkv_compute=block,
+        block_q_dq=block,
+        block_kv_dq=block,
+    )
+    mask = splash_mask.MultiHeadMask([splash_mask.CausalMask((length, length))] * h)
+    kernel = splash.make_splash_mha(
+        mask=mask, block_sizes=sizes, head_shards=1, q_seq_shards=1, interpret=interpret
+    )
+    segments = key_mask.astype(jnp.int32)
+    ids = splash.SegmentIds(q=segments, kv=segments)
+
+    def heads_first(x: jax.Array) -> jax.Array:
+        return x.transpose(0, 2, 1, 3)
+
+    out = jax.vmap(kernel)(heads_first(q * d**-0.5), heads_first(k), heads_first(v), ids)
+    return heads_first(out)[:, :t]
+
+
 # (batch axis, slot axis) of each cache entry (`init_cache`); index has no slot axis.
 CACHE_AXES = {"k": (1, 3), "v": (1, 3), "mask": (0, 1), "index": (0, None)}
 
@@ -201,6 +275,7 @@ class SelfAttention(nn.Module):
     dtype: Any
     param_dtype: Any
     attn_chunk: int = 1024
+    attention: str = "xla"
 
     @nn.compact
     def __call__(self, x: jax.Array, layer_cache: Any, ctx: dict) -> tuple[jax.Array, Any]:
@@ -231,7 +306,11 @@ class SelfAttention(nn.Module):
             out = attention(q, *layer_cache, ctx["visible"], new, heads_first=True)
             new_cache = (k, v)
         else:
-            out = causal_attention(q, k, v, ctx["key_mask"], self.attn_chunk)
+            if self.attention == "xla":
+                out = causal_attention(q, k, v, ctx["key_mask"], self.attn_chunk)
+            else:
+                interpret = self.attention == "splash_interpret"
+                out = splash_causal_attention(q, k, v, ctx["key_mask"], interpret)
             new_cache = (k, v) if "return_kv" in ctx else None
         out = constrain(out, "batch", None, "heads", None).reshape(b, t, cfg.num_heads * hd)
         return _dense(cfg.hidden_size, "o_proj", dt, pdt)(out), new_cache
@@ -299,6 +378,7 @@ class DecoderLayer(nn.Module):
     param_dtype: Any
     attn_chunk: int = 1024
     mlp_chunk: int = 0
+    attention: str = "xla"
 
     @nn.compact
     def __call__(self, x: jax.Array, layer_cache: Any, ctx: dict) -> tuple[jax.Array, Any]:
@@ -306,7 +386,7 @@ class DecoderLayer(nn.Module):
         eps, dt, pdt = self.cfg.rms_norm_eps, self.dtype, self.param_dtype
         x = constrain(x, "batch", None, None)
         h = RMSNorm(eps, dt, pdt, name="input_layernorm")(x)
-        attn = SelfAttention(self.cfg, dt, pdt, self.attn_chunk, name="self_attn")
+        attn = SelfAttention(self.cfg, dt, pdt, self.attn_chunk, self.attention, name="self_attn")
         a, new_cache = attn(h, layer_cache, ctx)
         x = constrain(x + a, "batch", None, None)
         h = RMSNorm(eps, dt, pdt, name="post_attention_layernorm")(x)
@@ -326,6 +406,7 @@ class Qwen(nn.Module):
       remat: rematerialise each layer in the backward pass (training memory).
       attn_chunk: queries per attention block on uncached calls (bounds [T, T] score memory).
       mlp_chunk: positions per feed-forward block on long sequences (`Mlp`; 0: whole sequence).
+      attention: the attention of uncached passes, one of ATTENTION_KERNELS.
       scan_unroll: layers per iteration of the layer scan (the layer count unrolls it: faster
         training passes for a shallow model on CPU, longer compiles for a deep one; slower
         cached decoding on CPU).
@@ -338,6 +419,7 @@ class Qwen(nn.Module):
     attn_chunk: int = 1024
     mlp_chunk: int = 0
     scan_unroll: int = 1
+    attention: str = "xla"
 
     def setup(self) -> None:
         """Creates the embedding, the scanned layer stack, the final norm and the LM head."""
@@ -357,7 +439,7 @@ class Qwen(nn.Module):
             in_axes=(0, nn.broadcast),
             length=cfg.num_layers,
             unroll=self.scan_unroll,
-        )(cfg, self.dtype, self.param_dtype, self.attn_chunk, self.mlp_chunk)
+        )(cfg, self.dtype, self.param_dtype, self.attn_chunk, self.mlp_chunk, self.attention)
         self.norm = RMSNorm(cfg.rms_norm_eps, self.dtype, self.param_dtype)
         if not cfg.tie_word_embeddings:
             self.lm_head = self.param(
@@ -568,6 +650,7 @@ def token_logprobs(
     mlp_chunk: int = 0,
     scan_unroll: int = 1,
     prompt: SharedPrompt | None = None,
+    attention: str = "xla",
 ) -> tuple[jax.Array, jax.Array | None]:
     """log p(targets[b,t] | input_ids[b, :t+1]) as float32 [B, T], plus entropies if asked.
 
@@ -583,6 +666,7 @@ def token_logprobs(
         attn_chunk=attn_chunk,
         mlp_chunk=mlp_chunk,
         scan_unroll=scan_unroll,
+        attention=attention,
     )
     return model.apply(
         {"params": params},
