@@ -104,6 +104,9 @@ def base_config() -> ml_collections.ConfigDict:
     # logprob_gap_sampler_vs_recomputed shows how far apart they are).
     c.rl.old_logprobs = "recompute"
     c.rl.kl_coef = 0.001  # weight of the KL penalty to the initial policy (0: no reference pass)
+    # Keep the frozen reference in host memory, on the chips only for its log-prob pass (the
+    # release offloads it too): frees its size on every chip for the update.
+    c.rl.reference_on_host = False
     c.rl.kl_estimator = "k3"  # k1 | k2 | k3 ("low_var_kl", the paper's)
     c.rl.entropy_coef = 0.0  # weight of the per-token entropy bonus (the paper: none)
     # token-mean | seq-mean-token-mean | seq-mean-token-sum-norm. The release's config says

@@ -20,7 +20,8 @@ from configs.base import VARIANTS, apply_variant, base_config
 # name -> settings (dotted config keys). Each keeps one 16k-token row per chip per update
 # micro-step (the fewest rows that split over the chips); --mode=compile figures for each are in
 # benchmarks/README.md ("Compiled for TPU targets"): all fit but 7b-v4-8, whose chips cannot
-# hold the fp32 parameters, Adam state and accumulated gradient together with a 16k row.
+# hold the fp32 parameters, Adam state and accumulated gradient together with a 16k row (it
+# needs Adam's moments in host memory).
 TARGETS = {
     "7b-v5p-8": {
         "aot.topology": "v5p:2x2x1",
@@ -32,11 +33,13 @@ TARGETS = {
         "rollout.micro_batch_tasks": 1,
         "optim.grad_accum": 16,
         "optim.mu_dtype": "bfloat16",
+        "rl.reference_on_host": True,
         "model.attn_chunk": 256,
         "model.mlp_chunk": 4096,
     },
     "7b-v5e-16": {
         "aot.topology": "v5e:4x4",
+        "rl.reference_on_host": True,
         "rollout.micro_batch_tasks": 2,
         "optim.grad_accum": 4,
         "optim.mu_dtype": "bfloat16",

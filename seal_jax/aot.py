@@ -286,21 +286,27 @@ def check(config: Any, cfg: QwenConfig, workdir: str, topology: str | None = Non
         lambda x: jax.ShapeDtypeStruct(x.shape, model.compute_dtype, sharding=x.sharding),
         model.params,
     )
+    opt_state = abstract_opt_state(updater, model.params)
     resident = {
         "params": device_bytes(model.params),
-        "opt_state": device_bytes(abstract_opt_state(updater, model.params)),
+        "opt_state": device_bytes(opt_state),
         "reference": device_bytes(reference) if config.rl.kl_coef > 0 else 0,
     }
+    on_host = {  # per chip, in its host's memory
+        "reference": resident["reference"] if config.rl.reference_on_host else 0,
+    }
+    # The reference is on the chips during its own pass, and between passes unless on host.
+    reference_beside = resident["reference"] - on_host["reference"]
     lowered = {
         "update_micro_step": lower_update(updater, model, length),
         "logprob_pass": lower_logprobs(updater, model, length),
         **lower_rollout(config, model, engine),
     }
     beside = {  # resident state alive during each program that it does not take as an argument
-        "update_micro_step": resident["reference"],
+        "update_micro_step": reference_beside,
         "logprob_pass": resident["opt_state"] + resident["reference"],
-        "rollout_prefill": resident["opt_state"] + resident["reference"],
-        "rollout_decode": resident["opt_state"] + resident["reference"],
+        "rollout_prefill": resident["opt_state"] + reference_beside,
+        "rollout_decode": resident["opt_state"] + reference_beside,
     }
     _, decode_args = lowered["rollout_decode"]
     resident["kv_cache"] = device_bytes(decode_args[1])  # (params, cache, logits, ...)
@@ -314,6 +320,7 @@ def check(config: Any, cfg: QwenConfig, workdir: str, topology: str | None = Non
             with open(os.path.join(workdir, "hlo", f"{name}.txt"), "w") as f:
                 f.write(compiled.as_text())
     report = _report(config, topology, devices, resident, programs)
+    report["host_bytes_per_chip"] = on_host
     report["estimate"] = estimate.step_estimate(config, cfg, devices[0].device_kind, len(devices))
     if jax.process_index() == 0:  # every process compiles the same programs
         os.makedirs(workdir, exist_ok=True)
@@ -380,7 +387,12 @@ def format_table(report: dict) -> str:
     lines = [
         f"{chips}, {hbm:.2f} GiB per chip",
         "resident: "
-        + ", ".join(f"{k} {v / GIB:.2f}" for k, v in report["resident_bytes_per_chip"].items()),
+        + ", ".join(f"{k} {v / GIB:.2f}" for k, v in report["resident_bytes_per_chip"].items())
+        + "".join(
+            f", {k} on host {v / GIB:.2f}"
+            for k, v in report.get("host_bytes_per_chip", {}).items()
+            if v
+        ),
         f"{'program':<20}" + "".join(f"{c:>10}" for c in columns) + "  fits",
     ]
     for p in report["programs"]:

@@ -287,7 +287,10 @@ def train(config: Any, model: LoadedModel, workdir: str) -> State:
     state, resumed = restore_or_init(run, checkpointer)
     # The frozen KL reference: the initial policy, in the compute dtype.
     kl = config.rl.kl_coef > 0
-    ref_params = update_lib.frozen_reference(model.params, model.compute_dtype) if kl else None
+    ref_params = None
+    if kl:
+        on_host = config.rl.reference_on_host
+        ref_params = update_lib.frozen_reference(model.params, model.compute_dtype, on_host)
     last = total_steps(config, run.source)
     every = config.train.eval_every  # 0 disables evaluation altogether
     if not resumed and every:

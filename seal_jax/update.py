@@ -125,15 +125,26 @@ def micro_batch_rows(config: Any) -> int:
     return config.train.mini_batch_tasks * config.rl.group_size // config.optim.grad_accum
 
 
-def frozen_reference(params: Any, compute_dtype: Any) -> Any:
+HOST = "pinned_host"  # the memory kind of host-resident arrays
+
+
+def frozen_reference(params: Any, compute_dtype: Any, on_host: bool = False) -> Any:
     """A copy of params in the compute dtype, for the KL reference: every forward pass casts the
     weights to the compute dtype first, so its log-probs are those of the fp32 weights, at half
-    the memory under bfloat16 compute. (A copy either way: the update donates its params.)"""
+    the memory under bfloat16 compute. (A copy either way: the update donates its params.)
+    on_host: keep it in host memory (`rl.reference_on_host`); the reference pass brings it to
+    the chips for the pass alone."""
 
     def copy(x: jax.Array) -> jax.Array:
-        return jnp.copy(x) if x.dtype == compute_dtype else x.astype(compute_dtype)
+        y = jnp.copy(x) if x.dtype == compute_dtype else x.astype(compute_dtype)
+        return jax.device_put(y, y.sharding.with_memory_kind(HOST)) if on_host else y
 
     return jax.tree.map(copy, params)
+
+
+def _on_chips(params: Any) -> Any:
+    """params in device memory (a host-resident reference is copied in for one pass)."""
+    return jax.tree.map(lambda x: jax.device_put(x, x.sharding.with_memory_kind("device")), params)
 
 
 def can_share_prompt(config: Any, shards: int) -> bool:
@@ -199,7 +210,7 @@ def update_policy(
     else:
         batch["old_logprobs"] = batch["rollout_logprobs"]
     if cfg.rl.kl_coef > 0:
-        batch["ref_logprobs"] = _forward_logprobs(updater, ref_params, batch)
+        batch["ref_logprobs"] = _forward_logprobs(updater, _on_chips(ref_params), batch)
     metrics["batch_tokens"] = int(batch["mask"].sum() + batch.get("prompt_mask", np.zeros(0)).sum())
     del batch["rollout_logprobs"]
     params, opt_state, metrics["loss"] = _ppo_epochs(updater, params, opt_state, batch)

@@ -115,3 +115,32 @@ def test_one_step_weights_advantages_and_update_rows(run, monkeypatch):
     )
     assert metrics["loss"]["loss_tokens"] > 0
     assert trainer.checksum(state.params) != before
+
+
+def test_reference_on_host_gives_the_same_update(suite_model, tmp_path):
+    """rl.reference_on_host keeps the reference in host memory between its passes and changes
+    nothing else: the same parameters and loss metrics after an update with KL."""
+    import jax
+
+    def update(on_host):
+        c = get_config()
+        c.model.path = suite_model
+        c.env.name = "suite"
+        c.train.batch_tasks, c.train.mini_batch_tasks, c.train.length_bucket = 3, 1, 16
+        c.rl.kl_coef, c.rl.reference_on_host = 0.1, on_host
+        run = trainer.build(c, modes.load_policy(c), str(tmp_path / str(on_host)))
+        state = trainer.initial_state(run)
+        ref = update_lib.frozen_reference(state.params, run.model.compute_dtype, on_host)
+        batch = scripted_batch(trainer.step_tasks(c, run.source, 0), c.rl.group_size)
+        advantages = np.linspace(-1, 1, len(batch.sequences)).astype(np.float32)
+        params, _, metrics = update_lib.update_policy(
+            run.updater, state.params, state.opt_state, batch.sequences, advantages, ref
+        )
+        return ref, params, metrics
+
+    ref, params, metrics = update(True)
+    assert {x.sharding.memory_kind for x in jax.tree.leaves(ref)} == {update_lib.HOST}
+    _, want_params, want_metrics = update(False)
+    assert metrics["loss"] == want_metrics["loss"]
+    for got, want in zip(jax.tree.leaves(params), jax.tree.leaves(want_params), strict=True):
+        np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
