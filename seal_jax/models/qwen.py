@@ -579,8 +579,10 @@ def chunked_token_logprobs(
         logits = jnp.einsum("bce,ev->bcv", h_c, w, preferred_element_type=jnp.float32)
         logits = constrain(logits, None, None, "vocab")
         lse = jax.nn.logsumexp(logits, axis=-1)
-        # A masked sum, not a gather, so a vocabulary split over chips needs only a reduction.
-        picked = jnp.sum(jnp.where(vocab_ids == t_c[..., None], logits, 0.0), axis=-1)
+        if on_mesh():  # the vocabulary is split over chips: a masked sum needs only a reduction
+            picked = jnp.sum(jnp.where(vocab_ids == t_c[..., None], logits, 0.0), axis=-1)
+        else:  # one device: a gather (and the CPU default's numbers stay the same)
+            picked = jnp.take_along_axis(logits, t_c[..., None], axis=-1)[..., 0]
         ent = jnp.zeros_like(lse)
         if with_entropy:
             probs = jnp.exp(logits - lse[..., None])
