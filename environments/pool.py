@@ -78,6 +78,13 @@ def _worker_main(conn: object, load_task: TaskLoader, config: EpisodeConfig) -> 
         conn.send(replies)
 
 
+def _crashed(process: multiprocessing.Process) -> _Failure:
+    """The failure of a worker that died; its exit code once the process is reaped (its pipe
+    closes first, so right after a crash the code may not be known yet)."""
+    process.join(timeout=5.0)
+    return _Failure(f"worker crashed (exit code {process.exitcode})", True)
+
+
 class EnvPool:
     """Runs batches of episodes in worker processes.
 
@@ -234,9 +241,9 @@ class EnvPool:
             if conn.poll(max(0.0, deadline - time.monotonic())):
                 return conn.recv()
         except (EOFError, OSError):
-            return _Failure(f"worker crashed (exit code {process.exitcode})", True)
+            return _crashed(process)
         if not process.is_alive():
-            return _Failure(f"worker crashed (exit code {process.exitcode})", True)
+            return _crashed(process)
         return _Failure(f"worker timed out after {self.config.request_timeout_s} s", True)
 
     def _fail_worker(self, w: int, reason: str) -> None:
