@@ -310,9 +310,8 @@ def check(config: Any, cfg: QwenConfig, workdir: str, topology: str | None = Non
     }
     _, decode_args = lowered["rollout_decode"]
     resident["kv_cache"] = device_bytes(decode_args[1])  # (params, cache, logits, ...)
-    programs = []
+    programs, tpu = [], devices[0].platform == "tpu"
     for name, (low, args) in lowered.items():
-        tpu = devices[0].platform == "tpu"
         program, compiled = compile_memory(name, low, args, beside[name], tpu)
         programs.append(program)
         if compiled is not None and config.aot.dump_hlo and jax.process_index() == 0:

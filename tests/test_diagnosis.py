@@ -4,7 +4,6 @@ import pytest
 
 from environments.bfcl import score_task
 from environments.diagnosis import CAUSES, TAGS
-from environments.episode import Episode, EpisodeConfig
 from environments.task import ToolTask
 from environments.toolcall import ToolCall, render_tool_call
 
@@ -94,13 +93,7 @@ def run(turns, task=TASK, mode="official"):
 
 def replay(turns, mode="official", instance_rule="instantiated", task=TASK):
     """score_task with an instance rule: the given replies, turn by turn."""
-    episode = Episode(task, EpisodeConfig(mode=mode, instance_rule=instance_rule))
-    episode.reset()
-    for messages in turns:
-        for text in messages:
-            episode.act(text)
-        episode.finish_turn()
-    return episode.result()
+    return score_task(task, turns, mode, instance_rule)
 
 
 def with_turn(index, messages):

@@ -26,7 +26,7 @@ from bfcl_eval.constants.eval_config import PROMPT_PATH
 from bfcl_eval.utils import load_file, populate_test_cases_with_predefined_functions
 
 from configs import base, qwen, tiny
-from environments.bfcl import all_task_ids, evaluate, load_task, score, split_ids
+from environments.bfcl import all_task_ids, evaluate, load_task, score, score_task, split_ids
 from environments.episode import PROTOCOLS, Episode, EpisodeConfig
 from environments.interface import InterfaceRenderer, LearningInterface
 from environments.policies import oracle_turns
@@ -338,18 +338,8 @@ def test_a_turn_of_rejected_calls_is_a_turn_without_a_call():
     """Turn 1 needs no call; a call to a tool not shown is stripped by the release (so the turn
     is a correct abstention) and run by BFCL (a spurious call)."""
     turns = with_turn(1, [call("count_notes"), DONE])
-    assert score_task_in(HIDDEN, turns, "release").turn_tags[1] == "correct_abstention"
-    assert score_task_in(HIDDEN, turns, "official").turn_tags[1] == "spurious_tool_call"
-
-
-def score_task_in(task, turns, mode, **config):
-    episode = Episode(task, EpisodeConfig(mode=mode, **config))
-    episode.reset()
-    for messages in turns:
-        for text in messages:
-            episode.act(text)
-        episode.finish_turn()
-    return episode.result()
+    assert score_task(HIDDEN, turns, "release").turn_tags[1] == "correct_abstention"
+    assert score_task(HIDDEN, turns, "official").turn_tags[1] == "spurious_tool_call"
 
 
 def test_release_runs_calls_that_break_the_schema():

@@ -29,9 +29,13 @@ def score(task_id: str, assistant_turns: list[list[str]], mode: str = "official"
 
 
 def score_task(
-    task: ToolTask, assistant_turns: list[list[str]], mode: str = "official"
+    task: ToolTask,
+    assistant_turns: list[list[str]],
+    mode: str = "official",
+    instance_rule: str = "instantiated",
 ) -> EpisodeResult:
-    """Scores assistant messages on any ToolTask, as `score` does (shared by task sources).
+    """Scores assistant messages on any ToolTask, as `score` does (shared by task sources);
+    instance_rule: how `instance_mismatch` is decided (environments.diagnosis.INSTANCE_RULES).
 
     Raises:
       ValueError: more turns than the task has.
@@ -40,7 +44,7 @@ def score_task(
         raise ValueError(
             f"{task.task_id} has {len(task.turns)} user turns, got {len(assistant_turns)} turns"
         )
-    episode = Episode(task, EpisodeConfig(mode=mode))
+    episode = Episode(task, EpisodeConfig(mode=mode, instance_rule=instance_rule))
     episode.reset()
     for messages in assistant_turns:
         for text in messages:

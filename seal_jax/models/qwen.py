@@ -216,10 +216,8 @@ def _splash_local(
     sizes = splash.BlockSizes(
         block_q=block,
         block_kv=block,
-        block_kv_compute=block,
         block_q_dkv=block,
         block_kv_dkv=block,
-        block_kv_dkv_compute=block,
         block_q_dq=block,
         block_kv_dq=block,
     )
@@ -570,7 +568,6 @@ def chunked_token_logprobs(
     h = jnp.pad(hidden, ((0, 0), (0, pad), (0, 0))).reshape(b, n, chunk, e).swapaxes(0, 1)
     tg = jnp.pad(targets, ((0, 0), (0, pad))).reshape(b, n, chunk).swapaxes(0, 1)
     w = constrain(w, None, "vocab")
-    vocab_ids = jnp.arange(w.shape[1])
 
     @jax.checkpoint
     def one_chunk(args: tuple[jax.Array, jax.Array]) -> tuple[jax.Array, jax.Array]:
@@ -580,6 +577,7 @@ def chunked_token_logprobs(
         logits = constrain(logits, None, None, "vocab")
         lse = jax.nn.logsumexp(logits, axis=-1)
         if on_mesh():  # the vocabulary is split over chips: a masked sum needs only a reduction
+            vocab_ids = jnp.arange(logits.shape[-1])
             picked = jnp.sum(jnp.where(vocab_ids == t_c[..., None], logits, 0.0), axis=-1)
         else:  # one device: a gather (and the CPU default's numbers stay the same)
             picked = jnp.take_along_axis(logits, t_c[..., None], axis=-1)[..., 0]
