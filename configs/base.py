@@ -28,6 +28,10 @@ def base_config() -> ml_collections.ConfigDict:
     # compile time flat in depth; a shallow model on CPU runs faster fully unrolled (the layer
     # count). Rollouts always scan: unrolled, a CPU decode step took 1.6-1.9x as long.
     c.model.scan_unroll = 1
+    # Chat and tool-call format (seal_jax/chat.py): auto (from the tokenizer's special tokens) |
+    # qwen (its own template, <tool_call> JSON) | llama3 (Llama 3.1 template, ToolACE's Python
+    # call lists, tool results as ipython)
+    c.model.chat_format = "auto"
 
     # A from-scratch tiny policy, used when model.path is empty (<workdir>/scratch_policy):
     # a Qwen2 architecture with the suite's tokenizer and tied embeddings.
@@ -231,6 +235,12 @@ def base_config() -> ml_collections.ConfigDict:
     # gradient, fewer tokens to run; benchmarks/README.md, "Shared prompts in the update").
     c.train.share_prompt = True
     c.train.write_report = False  # plots + report.md in the work directory after each evaluation
+
+    # `run.py --mode=eval` also runs BFCL's single-turn and memory categories named here
+    # (environments/bfcl/extra.py: a category such as simple_python or memory_kv, or a group:
+    # single_turn, memory, all), reported under "extra"; empty: none
+    c.eval = ml_collections.ConfigDict()
+    c.eval.extra_categories = ()
 
     # Multi-host: jax.distributed is initialised when enabled (on TPU pods the defaults are
     # discovered automatically; on CPU/GPU clusters give the coordinator and process ids).

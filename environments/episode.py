@@ -187,7 +187,9 @@ class Episode:
         if self.config.mode == "release":
             calls, messages = self._release_calls(assistant_text)
         else:
-            reply = parse_reply(assistant_text, self.config.max_call_chars)
+            reply = parse_reply(
+                assistant_text, self.config.max_call_chars, self.renderer.tool_format
+            )
             self.current.invalid_calls += len(reply.invalid)
             training = self.config.mode == "training"
             calls = reply.calls if training else reply.official_calls
@@ -282,7 +284,7 @@ class Episode:
     def _release_calls(self, text: str) -> tuple[list[ToolCall], list[Message]]:
         """The release's checks of one reply: (calls to run, error messages). A parse error or
         a call to a tool not shown rejects the whole reply: nothing runs."""
-        calls, errors = parse_release_reply(text)
+        calls, errors = parse_release_reply(text, self.renderer.tool_format)
         kind = "unparseable"
         if not errors:  # the first call to a tool not shown (or without a name) rejects all
             kind = "unknown_tool"

@@ -78,6 +78,11 @@ RELEASE_INSTRUCTION = (
 AFFORDANCE_CUE = (
     "Call this tool whenever the request needs what it does, also as a step before other calls."
 )
+# The "unparseable" hint in the `toolace` tool format (environments.toolcall.TOOL_FORMATS).
+TOOLACE_FORMAT_HINT = (
+    'Write the calls as one Python list, e.g. [func(arg="value")], every argument by name with '
+    "a literal value (string, number, True/False/None, list or dict)."
+)
 HINTS = {
     "unparseable": (
         'Write each call as <tool_call>, a newline, {{"name": <function-name>, "arguments": '
@@ -168,7 +173,9 @@ class InterfaceRenderer(Renderer):
         release = self.prompt_style == "release"
         blocks = []
         if any(self.shows("schema_cues", d["name"]) for d in docs):
-            blocks.append(RELEASE_INSTRUCTION if release else INSTRUCTION)
+            # INSTRUCTION names Qwen's <tools></tools>; ToolACE's prompt gets the release's line.
+            generic = release or self.tool_format == "toolace"
+            blocks.append(RELEASE_INSTRUCTION if generic else INSTRUCTION)
         guidelines = self.guidelines()
         if guidelines:
             blocks.append("\n".join(["Guidelines:"] + [f"- {line}" for line in guidelines]))
@@ -197,7 +204,9 @@ class InterfaceRenderer(Renderer):
         """Appends the hint of the message's error kind, if that kind's hint is shown."""
         kind = message.get("error_kind")
         if kind and self.shows("error_hints", kind):
-            message["content"] += "\nHint: " + HINTS[kind].format(**details)
+            toolace = kind == "unparseable" and self.tool_format == "toolace"
+            hint = TOOLACE_FORMAT_HINT if toolace else HINTS[kind]
+            message["content"] += "\nHint: " + hint.format(**details)
         return message
 
     def _cued_doc(self, doc: dict) -> dict:

@@ -11,6 +11,9 @@ Two prompt styles (PROMPT_STYLES):
   are handed over as the release does: their docs as one JSON list, then BFCL's sentence.
 * `chat_template`: this project's earlier rendering, exactly what Qwen's chat template renders
   for `tools=`: OpenAI-style function wrappers with JSON Schema type names, no `response`.
+
+The tool format (`tool_format`, environments.toolcall.TOOL_FORMATS) is the policy's: `qwen`
+lists the tools as above, `toolace` in ToolACE's prompt (toolcall.render_toolace_block).
 """
 
 import dataclasses
@@ -18,7 +21,7 @@ import json
 from collections.abc import Sequence
 
 from environments.executor import CallOutcome
-from environments.toolcall import function_tool, render_tools_block
+from environments.toolcall import TOOL_FORMATS, function_tool, render_tools_block
 
 Message = dict[str, str]
 PROMPT_STYLES = ("release", "chat_template")
@@ -47,15 +50,19 @@ class Renderer:
 
     Attributes:
       prompt_style: how tools are shown (PROMPT_STYLES, module docstring).
+      tool_format: the call format the agent is told to write and is parsed with (TOOL_FORMATS).
     """
 
     prompt_style: str = dataclasses.field(default="chat_template", kw_only=True)
+    tool_format: str = dataclasses.field(default="qwen", kw_only=True)
 
     def __post_init__(self) -> None:
         if self.prompt_style not in PROMPT_STYLES:
             raise ValueError(
                 f"prompt_style must be one of {PROMPT_STYLES}, got {self.prompt_style!r}"
             )
+        if self.tool_format not in TOOL_FORMATS:
+            raise ValueError(f"tool_format must be one of {TOOL_FORMATS}, got {self.tool_format!r}")
 
     def tools(self, docs: list[dict]) -> list[dict]:
         """Returns the tool entries listed for these function docs (copies)."""
@@ -64,8 +71,9 @@ class Renderer:
         return [function_tool(doc) for doc in docs]
 
     def system(self, docs: list[dict], preamble: str = "") -> Message:
-        """Returns the system message: optional task text, then the Qwen tools section."""
-        block = render_tools_block(self.tools(docs), ensure_ascii=self.prompt_style == "release")
+        """Returns the system message: optional task text, then the tools section."""
+        release = self.prompt_style == "release"
+        block = render_tools_block(self.tools(docs), release, self.tool_format)
         return {"role": "system", "content": f"{preamble}\n\n{block}" if preamble else block}
 
     def user_turn(self, messages: list[dict]) -> list[Message]:

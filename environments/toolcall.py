@@ -1,8 +1,14 @@
-"""The Qwen function-calling text format: tool schemas in, `<tool_call>` blocks out.
+"""The function-calling text formats (TOOL_FORMATS): tool schemas in, calls out.
 
-Parsing follows the official BFCL Qwen handler (`<tool_call>\\n{json}\\n</tool_call>`), and
-additionally reports every block it could not use, so the environment can answer it with an
-error observation instead of silently ignoring it. Model text is only ever `json.loads`-ed.
+* `qwen`: Qwen's format. Tools as JSON lines in `<tools></tools>`; calls as `<tool_call>` blocks.
+  Parsing follows the official BFCL Qwen handler (`<tool_call>\\n{json}\\n</tool_call>`), and
+  additionally reports every block it could not use, so the environment can answer it with an
+  error observation instead of silently ignoring it. Model text is only ever `json.loads`-ed.
+* `toolace`: the BFCL prompt-mode format ToolACE (Llama 3.1) was trained on and the SEAL release
+  prompts it with (its `toolace_official_prompt` mode): BFCL's default system prompt with the
+  docs as an indented JSON list whose `parameters` are named `arguments`; calls as one Python
+  list `[func(a=1, b="x")]`. Model text is only ever `ast.parse`-d, and only literal nodes of a
+  whitelist become values: anything else makes the call unparseable, never evaluated.
 """
 
 import ast
@@ -24,6 +30,23 @@ QWEN_TOOLS_FOOTER = (
     "arguments within <tool_call></tool_call> XML tags:\n<tool_call>\n"
     '{"name": <function-name>, "arguments": <args-json-object>}\n</tool_call>'
 )
+
+TOOL_FORMATS = ("qwen", "toolace")
+
+# BFCL's default prompt-mode system prompt (bfcl_eval: `_DEFAULT_SYSTEM_PROMPT`) as the SEAL
+# release shows it to ToolACE: without its multi-turn paragraph, a period after the format.
+TOOLACE_TOOLS_HEADER = (
+    "You are an expert in composing functions. You are given a question and a set of possible "
+    "functions. Based on the question, you will need to make one or more function/tool calls to "
+    "achieve the purpose.\nIf none of the functions can be used, point it out. If the given "
+    "question lacks the parameters required by the function, also point it out.\nYou should "
+    "only return the function calls in your response.\n\nIf you decide to invoke any of the "
+    "function(s), you MUST put it in the format of [func_name1(params_name1=params_value1, "
+    "params_name2=params_value2...), func_name2(params)].\nYou SHOULD NOT include any other "
+    "text in the response.\n\nHere is a list of functions in JSON format that you can invoke.\n"
+)
+# How a `toolace` call list may look: what an unusable one is told.
+PYTHON_CALLS_EXPECTED = "expected one Python list of calls such as [func(arg=value)]"
 
 # The SEAL release's block pattern: a JSON object between the tags, newlines optional.
 RELEASE_TOOL_CALL_PATTERN = re.compile(r"<tool_call>\s*\n?(\{.*?\})\s*\n?</tool_call>", re.DOTALL)
@@ -82,12 +105,35 @@ def function_tool(doc: dict) -> dict:
     }
 
 
-def render_tools_block(tools: list[dict], ensure_ascii: bool = False) -> str:
-    """Returns the Qwen system-prompt tools section: one JSON line per tool, non-ASCII kept as
-    the chat template's `tojson` keeps it, or escaped (`ensure_ascii`) as BFCL's QwenFCHandler
-    and the SEAL release write it."""
+def render_tools_block(
+    tools: list[dict], ensure_ascii: bool = False, tool_format: str = "qwen"
+) -> str:
+    """Returns the system-prompt tools section of `tool_format` (TOOL_FORMATS).
+
+    qwen: one JSON line per tool, non-ASCII kept as the chat template's `tojson` keeps it, or
+    escaped (`ensure_ascii`) as BFCL's QwenFCHandler and the SEAL release write it.
+    toolace: BFCL's prompt and the docs as the release lists them (`render_toolace_block`).
+    """
+    if tool_format == "toolace":
+        return render_toolace_block(tools)
+    if tool_format != "qwen":
+        raise ValueError(f"tool_format must be one of {TOOL_FORMATS}, got {tool_format!r}")
     lines = "".join("\n" + json.dumps(tool, ensure_ascii=ensure_ascii) for tool in tools)
     return QWEN_TOOLS_HEADER + lines + QWEN_TOOLS_FOOTER
+
+
+def render_toolace_block(tools: list[dict]) -> str:
+    """Returns ToolACE's system prompt for `tools` (BFCL docs or OpenAI-style wrappers): name,
+    description and the parameter schema under `arguments` (the key ToolACE expects), as one
+    JSON list indented by 4, non-ASCII kept, as the SEAL release writes it."""
+    entries = []
+    for tool in tools:
+        function = tool.get("function", tool)
+        entry = {"name": function["name"], "description": function.get("description", "")}
+        if function.get("parameters") is not None:
+            entry["arguments"] = function["parameters"]
+        entries.append(entry)
+    return TOOLACE_TOOLS_HEADER + json.dumps(entries, ensure_ascii=False, indent=4) + "\n"
 
 
 def _decode_block(block: str, max_chars: int) -> ToolCall | str:
@@ -111,16 +157,22 @@ def _decode_block(block: str, max_chars: int) -> ToolCall | str:
     return ToolCall(item["name"], arguments)
 
 
-def parse_reply(text: str, max_chars: int = 100_000) -> ParsedReply:
+def parse_reply(text: str, max_chars: int = 100_000, tool_format: str = "qwen") -> ParsedReply:
     """Parses an assistant message into tool calls, never executing any of its text.
 
     Args:
       text: the raw assistant message.
-      max_chars: longest accepted JSON payload of one call (longer ones are invalid).
+      max_chars: longest accepted payload of one call (`toolace`: of one call list); longer
+        ones are invalid.
+      tool_format: the format the agent was told to write (TOOL_FORMATS).
     Returns:
-      ParsedReply with the usable calls, one reason per unusable block, and the calls the
-      official BFCL decoder would keep.
+      ParsedReply with the usable calls, one reason per unusable block (`toolace`: per
+      unusable call or list), and the calls the official BFCL decoder would keep.
     """
+    if tool_format == "toolace":
+        return parse_python_calls(text, max_chars)
+    if tool_format != "qwen":
+        raise ValueError(f"tool_format must be one of {TOOL_FORMATS}, got {tool_format!r}")
     reply = ParsedReply()
     blocks = TOOL_CALL_PATTERN.findall(text)
     unmatched_openings = max(text.count(TOOL_CALL_OPEN) - len(blocks), 0)
@@ -138,18 +190,26 @@ def parse_reply(text: str, max_chars: int = 100_000) -> ParsedReply:
     return reply
 
 
-def parse_release_reply(text: str) -> tuple[list[ToolCall], list[str]]:
+def parse_release_reply(text: str, tool_format: str = "qwen") -> tuple[list[ToolCall], list[str]]:
     """Parses an assistant message as the SEAL release's strict parser does (its BFCL
     environment, `strict_tool_parser: true`); never executes any of its text.
 
-    Differences from BFCL's decoder: whitespace around the JSON object may replace the
+    qwen: differences from BFCL's decoder: whitespace around the JSON object may replace the
     newlines, and one unusable block (or `<tool_call>` text without any usable block) is an
-    error that rejects the whole message instead of being dropped.
+    error that rejects the whole message instead of being dropped. Error texts are the release's.
+    toolace: `parse_python_calls`' calls and reasons (the release's ToolACE parser also keeps
+    text around the list and rejects the whole message for any unusable call; unlike it, a
+    non-literal argument is an error here, not its source text).
 
     Returns:
       (calls, errors): the calls in order, and one error text per problem found (the calls
-      must not run when there is any). Error texts are the release's.
+      must not run when there is any).
     """
+    if tool_format == "toolace":
+        reply = parse_python_calls(text)
+        return reply.calls, reply.invalid
+    if tool_format != "qwen":
+        raise ValueError(f"tool_format must be one of {TOOL_FORMATS}, got {tool_format!r}")
     errors = []
     matches = RELEASE_TOOL_CALL_PATTERN.findall(text)
     if not matches and ("<tool_call" in text or "</tool_call>" in text):
@@ -204,3 +264,144 @@ def parse_python_call(source: str) -> ToolCall:
     except ValueError as error:
         raise ValueError(f"arguments must be literals: {source!r}") from error
     return ToolCall(node.func.id, arguments, positional)
+
+
+def parse_python_calls(text: str, max_chars: int = 100_000) -> ParsedReply:
+    """Parses a `toolace` assistant message (`[func(a=1, b="x"), g()]`) with `ast`, never
+    evaluating any of its text.
+
+    Every top-level `[...]` span holding a call is a call list (text around it is allowed, as
+    the release allows it); a reply that is one bare call `func(...)` is a list of it (BFCL adds
+    the brackets). A reply without any, but that opens with `[` or `{` or holds `<tool_call>`,
+    is unparseable; other text is a reply without calls. Arguments must be keyword arguments
+    with literal values (`python_literal`).
+
+    Returns:
+      ParsedReply with the usable calls, one reason per unusable call or list, and as
+      `official_calls` the calls when the whole reply is one clean list (BFCL decodes the
+      whole reply; any problem leaves it no call).
+    """
+    reply = ParsedReply()
+    body = text.strip("`\n ")  # what BFCL's decoder strips
+    spans = _call_list_spans(body)
+    if not spans and _BARE_CALL.fullmatch(body):
+        spans = [body]
+    if not spans:
+        if "<tool_call" in body:
+            reply.invalid.append(PYTHON_CALLS_EXPECTED + ", not <tool_call> tags")
+        elif body.startswith(("[", "{")) and body != "[]":
+            reply.invalid.append(PYTHON_CALLS_EXPECTED)
+        return reply
+    for span in spans:
+        for decoded in _decode_call_list(span, max_chars):
+            if isinstance(decoded, ToolCall):
+                reply.calls.append(decoded)
+            else:
+                reply.invalid.append(decoded)
+    if not reply.invalid and spans == [body]:
+        reply.official_calls = list(reply.calls)
+    return reply
+
+
+# A reply that is a single call without the brackets: a name, then parentheses to the end.
+_BARE_CALL = re.compile(r"[A-Za-z_]\w*\(.*\)", re.DOTALL)
+
+
+def _call_list_spans(text: str) -> list[str]:
+    """The top-level `[...]` spans of text that hold a call (a `(`). Quotes count only inside
+    brackets, so an apostrophe in the prose around a list does not hide it."""
+    spans, depth, start, quote, escaped = [], 0, 0, None, False
+    for i, char in enumerate(text):
+        if quote:
+            if escaped:
+                escaped = False
+            elif char == "\\":
+                escaped = True
+            elif char == quote:
+                quote = None
+        elif char in "'\"" and depth:
+            quote = char
+        elif char == "[":
+            start = i if depth == 0 else start
+            depth += 1
+        elif char == "]" and depth:
+            depth -= 1
+            if depth == 0 and "(" in text[start:i]:
+                spans.append(text[start : i + 1])
+    return spans
+
+
+def _decode_call_list(span: str, max_chars: int) -> list[ToolCall | str]:
+    """The calls of one call list (or bare call), or the reasons they are unusable."""
+    if len(span) > max_chars:
+        return [f"tool call longer than {max_chars} characters"]
+    try:
+        node = ast.parse(span, mode="eval").body
+    except SyntaxError as error:
+        return [f"invalid Python syntax ({error.msg})"]
+    except (ValueError, RecursionError, MemoryError) as error:  # null bytes, huge ints, depth
+        return [f"invalid Python syntax ({type(error).__name__})"]
+    if isinstance(node, ast.Call):
+        return [_decode_python_call(node)]
+    if not isinstance(node, ast.List):
+        return [PYTHON_CALLS_EXPECTED]
+    return [_decode_python_call(item) for item in node.elts]
+
+
+def _decode_python_call(node: ast.AST) -> ToolCall | str:
+    """One list item as a call with keyword literal arguments, or why it is unusable."""
+    if not isinstance(node, ast.Call):
+        return PYTHON_CALLS_EXPECTED + "; an item is not a call"
+    if not isinstance(node.func, ast.Name):
+        return "a call must name a function directly, as func(arg=value)"
+    name = node.func.id
+    if node.args:
+        return f"{name}(): give every argument by name (arg=value), not by position"
+    arguments = {}
+    for keyword in node.keywords:
+        if keyword.arg is None:
+            return f"{name}(): **kwargs are not allowed"
+        if keyword.arg in arguments:  # the parser lets it through (Python refuses it later)
+            return f"{name}(): argument {keyword.arg!r} is given twice"
+        try:
+            arguments[keyword.arg] = python_literal(keyword.value)
+        except ValueError:
+            return (
+                f"{name}(): argument {keyword.arg!r} must be a literal (a string, number, "
+                "True/False/None, or a list, tuple or dict of them)"
+            )
+    return ToolCall(name, arguments)
+
+
+def python_literal(node: ast.AST) -> Any:
+    """The value of a literal expression node: str, int, float, bool or None constants, a sign
+    before a number, and lists, tuples and dicts (constant keys) of literals.
+
+    Raises:
+      ValueError: any other node (names, calls, operators, comprehensions, f-strings, ...).
+    """
+    if isinstance(node, ast.Constant) and _is_scalar(node.value):
+        return node.value
+    if (
+        isinstance(node, ast.UnaryOp)
+        and isinstance(node.op, (ast.USub, ast.UAdd))
+        and isinstance(node.operand, ast.Constant)
+        and type(node.operand.value) in (int, float)
+    ):
+        value = node.operand.value
+        return -value if isinstance(node.op, ast.USub) else value
+    if isinstance(node, ast.List):
+        return [python_literal(item) for item in node.elts]
+    if isinstance(node, ast.Tuple):
+        return tuple(python_literal(item) for item in node.elts)
+    if isinstance(node, ast.Dict):
+        keys = node.keys
+        if not all(isinstance(k, ast.Constant) and _is_scalar(k.value) for k in keys):
+            raise ValueError("dict keys must be constants")
+        return {k.value: python_literal(v) for k, v in zip(keys, node.values)}
+    raise ValueError(f"not a literal: {type(node).__name__}")
+
+
+def _is_scalar(value: Any) -> bool:
+    """Whether a constant is a JSON-like scalar (not bytes, complex or Ellipsis)."""
+    return value is None or type(value) in (bool, int, float, str)

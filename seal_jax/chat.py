@@ -1,4 +1,5 @@
-"""Token ids of chat messages, rendered once with the tokenizer's own chat template.
+"""Token ids of chat messages, rendered once with a chat template (the tokenizer's own, or
+this package's Llama 3.1 one).
 
 Token-in / token-out: an episode's training sequence is the prompt ids, then, turn by turn, the
 ids the model sampled and the ids of the environment's messages (tool responses, the next user
@@ -17,33 +18,59 @@ Qwen2.5-style templates are append-only, and there the two coincide.
 Environment ids are cut out of the template itself: the messages are rendered after a dummy
 assistant turn and everything after that turn's end-of-turn token is kept, so the separators
 (for Qwen `\\n<|im_start|>user\\n...<|im_end|>\\n<|im_start|>assistant\\n`) are the template's.
+
+Chat formats (CHAT_FORMATS, `chat_format`): `qwen` renders with the tokenizer's own template
+and Qwen's tool format; `llama3` with this package's Llama 3.1 template
+(templates/llama31_tools.jinja: tool results in the `ipython` role, turns ending in
+`<|eot_id|>`, or `<|eom_id|>` when the model ends its message for a tool) and ToolACE's tool
+format (environments.toolcall). `auto` picks by the tokenizer's special tokens.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 _MARKER = "\u2063SEAL_TURN_MARKER\u2063"
+CHAT_FORMATS = ("auto", "qwen", "llama3")
+LLAMA31_TEMPLATE = Path(__file__).parent / "templates" / "llama31_tools.jinja"
 
 
 class ChatFormat:
     """Renders prompts and environment messages to ids with a Hugging Face tokenizer."""
 
-    def __init__(self, tokenizer: Any, end_of_turn: str = "<|im_end|>", **template_kwargs: Any):
-        """Args: a tokenizer with a chat template, the text that closes an assistant turn, and
-        extra template variables applied to every render (e.g. enable_thinking=False)."""
+    def __init__(
+        self,
+        tokenizer: Any,
+        end_of_turn: str = "<|im_end|>",
+        *,
+        other_ends: Sequence[str] = (),
+        tool_format: str = "qwen",
+        chat_template: str | None = None,
+        **template_kwargs: Any,
+    ):
+        """Args: a tokenizer, the text the template closes an assistant turn with, other tokens
+        that also close one when the model samples them (`other_ends`), the tool format the
+        environment shows and parses (environments.toolcall.TOOL_FORMATS), a chat template to
+        render with instead of the tokenizer's own, and extra template variables applied to
+        every render (e.g. enable_thinking=False)."""
+        ends = (end_of_turn, *other_ends)
+        missing = [token for token in ends if _token_id(tokenizer, token) is None]
+        if missing:
+            raise ValueError(f"the tokenizer has no token {missing[0]!r}")
         self.tokenizer = tokenizer
         self.end_of_turn = end_of_turn
-        self.end_of_turn_id = tokenizer.convert_tokens_to_ids(end_of_turn)
+        self.end_of_turn_ids = tuple(_token_id(tokenizer, token) for token in ends)
+        self.end_of_turn_id = self.end_of_turn_ids[0]
+        self.tool_format = tool_format
+        self.chat_template = chat_template
         self.template_kwargs = template_kwargs
-        if self.end_of_turn_id is None or self.end_of_turn_id == tokenizer.unk_token_id:
-            raise ValueError(f"the tokenizer has no token {end_of_turn!r}")
 
     @property
     def stop_ids(self) -> tuple[int, ...]:
-        """Ids that end a model turn: the end-of-turn token and the tokenizer's EOS/pad token."""
-        ids = [self.end_of_turn_id]
+        """Ids that end a model turn: the end-of-turn tokens and the tokenizer's EOS/pad token."""
+        ids = list(self.end_of_turn_ids)
         for tok in (self.tokenizer.eos_token, "<|endoftext|>"):
             tid = self.tokenizer.convert_tokens_to_ids(tok) if tok else None
             if tid is not None and tid != self.tokenizer.unk_token_id and tid not in ids:
@@ -59,7 +86,11 @@ class ChatFormat:
     ) -> str:
         """The chat template's text for messages (template_kwargs and kw passed through)."""
         return self.tokenizer.apply_chat_template(
-            list(messages), tools=tools, tokenize=False, **{**self.template_kwargs, **kw}
+            list(messages),
+            tools=tools,
+            tokenize=False,
+            chat_template=self.chat_template,
+            **{**self.template_kwargs, **kw},
         )
 
     def prompt_ids(
@@ -74,7 +105,7 @@ class ChatFormat:
 
         Args:
           messages: environment messages, in order. Consecutive tool messages share one block.
-          turn_closed: whether the model's turn ended with the end-of-turn token; if it did not
+          turn_closed: whether the model's turn ended with an end-of-turn token; if it did not
             (it hit max_new_tokens), the end-of-turn token is inserted first, as the template would.
         """
         dummy = [{"role": "user", "content": "."}, {"role": "assistant", "content": _MARKER}]
@@ -89,5 +120,46 @@ class ChatFormat:
         return self.encode(tail if turn_closed else self.end_of_turn + tail)
 
     def turn_closed(self, sampled_ids: Sequence[int]) -> bool:
-        """Whether a sampled reply ended with the end-of-turn token."""
-        return bool(sampled_ids) and sampled_ids[-1] == self.end_of_turn_id
+        """Whether a sampled reply ended with an end-of-turn token."""
+        return bool(sampled_ids) and sampled_ids[-1] in self.end_of_turn_ids
+
+
+def _token_id(tokenizer: Any, token: str) -> int | None:
+    """The id of `token` as one token of the tokenizer's vocabulary, or None."""
+    token_id = tokenizer.convert_tokens_to_ids(token)
+    return None if token_id is None or token_id == tokenizer.unk_token_id else token_id
+
+
+_FORMAT_TOKENS = ("<|im_end|>", "<|start_header_id|>", "<|eot_id|>")
+
+
+def detect_chat_format(tokenizer: Any) -> str:
+    """The chat format of a checkpoint's tokenizer, from its special tokens: `qwen` with
+    `<|im_end|>`, `llama3` with `<|start_header_id|>` and `<|eot_id|>`."""
+    has = {token: _token_id(tokenizer, token) is not None for token in _FORMAT_TOKENS}
+    if has["<|im_end|>"]:
+        return "qwen"
+    if has["<|start_header_id|>"] and has["<|eot_id|>"]:
+        return "llama3"
+    raise ValueError(
+        "cannot tell the chat format from the tokenizer (no <|im_end|>, no Llama 3 header "
+        f"tokens); set --config.model.chat_format to one of {', '.join(CHAT_FORMATS[1:])}"
+    )
+
+
+def chat_format(tokenizer: Any, name: str = "auto", **template_kwargs: Any) -> ChatFormat:
+    """The ChatFormat `name` (CHAT_FORMATS; `auto`: `detect_chat_format`) for a checkpoint's
+    tokenizer, with extra template variables for every render (e.g. enable_thinking=False)."""
+    resolved = detect_chat_format(tokenizer) if name == "auto" else name
+    if resolved == "qwen":
+        return ChatFormat(tokenizer, **template_kwargs)
+    if resolved == "llama3":
+        return ChatFormat(
+            tokenizer,
+            "<|eot_id|>",
+            other_ends=("<|eom_id|>",),
+            tool_format="toolace",
+            chat_template=LLAMA31_TEMPLATE.read_text(),
+            **template_kwargs,
+        )
+    raise ValueError(f"chat format must be one of {', '.join(CHAT_FORMATS)}, got {name!r}")

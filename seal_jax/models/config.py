@@ -1,8 +1,10 @@
-"""The Qwen architecture description, read from a Hugging Face `config.json`.
+"""The architecture description of the model family (Qwen2, Qwen3, Llama), read from a Hugging
+Face `config.json`.
 
 Only what the Flax model implements is accepted; any field that would change the computation in a
-way we do not implement (rope scaling, sliding windows, MoE, other activations) is refused with a
-clear error instead of being silently ignored.
+way we do not implement (rope scaling other than Llama 3.1's, sliding windows, MoE, other
+activations, Llama's output/MLP biases) is refused with a clear error instead of being silently
+ignored.
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ import json
 import os
 from typing import Any
 
-SUPPORTED_MODEL_TYPES = ("qwen2", "qwen3")
+SUPPORTED_MODEL_TYPES = ("qwen2", "qwen3", "llama")
 
 
 class CheckpointError(ValueError):
@@ -20,8 +22,24 @@ class CheckpointError(ValueError):
 
 
 @dataclasses.dataclass(frozen=True)
+class Llama3RopeScaling:
+    """Llama 3.1's rescaling of the RoPE frequencies (`rope_type: llama3`): frequencies whose
+    wavelength exceeds original_max_position_embeddings / low_freq_factor are divided by
+    `factor`, those shorter than original_max_position_embeddings / high_freq_factor are kept,
+    and those in between are interpolated."""
+
+    factor: float
+    low_freq_factor: float
+    high_freq_factor: float
+    original_max_position_embeddings: int
+
+
+@dataclasses.dataclass(frozen=True)
 class QwenConfig:
-    """Architecture hyper-parameters of a Qwen2 / Qwen2.5 / Qwen3 causal LM."""
+    """Architecture hyper-parameters of a Qwen2 / Qwen2.5 / Qwen3 / Llama 3 causal LM.
+
+    rope_scaling: Llama 3.1's frequency rescaling, or None for the default RoPE.
+    """
 
     model_type: str
     vocab_size: int
@@ -37,6 +55,7 @@ class QwenConfig:
     qk_norm: bool
     tie_word_embeddings: bool
     max_position_embeddings: int
+    rope_scaling: Llama3RopeScaling | None = None
     hf_config: dict = dataclasses.field(default_factory=dict, compare=False, repr=False)
 
     @classmethod
@@ -62,11 +81,13 @@ class QwenConfig:
                 head_dim=int(d.get("head_dim") or hidden // heads),
                 rope_theta=float(_rope_theta(d)),
                 rms_norm_eps=float(d.get("rms_norm_eps", 1e-6)),
-                # Qwen2 always has q/k/v biases; Qwen3 has none unless attention_bias is set.
+                # Qwen2 always has q/k/v biases; Qwen3 has none unless attention_bias is set;
+                # Llama has none (its attention_bias, which adds an o_proj bias, is refused).
                 qkv_bias=True if model_type == "qwen2" else bool(d.get("attention_bias", False)),
                 qk_norm=model_type == "qwen3",
                 tie_word_embeddings=bool(d.get("tie_word_embeddings", False)),
                 max_position_embeddings=int(d.get("max_position_embeddings", 32768)),
+                rope_scaling=_rope_scaling(d, source),
                 hf_config=dict(d),
             )
         except KeyError as e:
@@ -102,18 +123,61 @@ def _rope_theta(d: dict[str, Any]) -> float:
     return d.get("rope_theta", 10000.0)
 
 
+def _rope_dicts(d: dict[str, Any]) -> list[tuple[str, dict[str, Any], str]]:
+    """(key, dict, rope type) of the v4 `rope_scaling` and v5 `rope_parameters` fields present."""
+    found = []
+    for key in ("rope_scaling", "rope_parameters"):
+        rope = d.get(key)
+        if isinstance(rope, dict):
+            found.append((key, rope, rope.get("rope_type", rope.get("type", "default"))))
+    return found
+
+
+def _rope_scaling(d: dict[str, Any], source: str) -> Llama3RopeScaling | None:
+    """The llama3 frequency rescaling of the config, or None for the default RoPE."""
+    for key, rope, rope_type in _rope_dicts(d):
+        if rope_type != "llama3":
+            continue
+        # As transformers: a top-level original_max_position_embeddings wins over the rope
+        # dict's, which falls back to max_position_embeddings.
+        original = d.get(
+            "original_max_position_embeddings",
+            rope.get("original_max_position_embeddings", d.get("max_position_embeddings")),
+        )
+        try:
+            scaling = Llama3RopeScaling(
+                factor=float(rope["factor"]),
+                low_freq_factor=float(rope["low_freq_factor"]),
+                high_freq_factor=float(rope["high_freq_factor"]),
+                original_max_position_embeddings=int(original),
+            )
+        except KeyError as e:
+            raise CheckpointError(f"{source}: {key} of type llama3 lacks {e.args[0]!r}") from None
+        except (TypeError, ValueError):
+            raise CheckpointError(
+                f"{source}: {key} of type llama3 has a non-numeric field"
+            ) from None
+        if scaling.high_freq_factor <= scaling.low_freq_factor:
+            raise CheckpointError(f"{source}: {key} needs high_freq_factor > low_freq_factor")
+        return scaling
+    return None
+
+
 def _refuse_unsupported(d: dict[str, Any], source: str) -> None:
     """Raises CheckpointError for config fields that change the computation and are not built."""
     if d.get("hidden_act", "silu") != "silu":
         raise CheckpointError(f"{source}: hidden_act {d['hidden_act']!r} is not supported")
-    for key in ("rope_scaling", "rope_parameters"):
-        rope = d.get(key)
-        if isinstance(rope, dict):
-            rope_type = rope.get("rope_type", rope.get("type", "default"))
-            if rope_type != "default":
-                raise CheckpointError(
-                    f"{source}: {key} type {rope_type!r} is not supported (only default RoPE)"
-                )
+    for key, _, rope_type in _rope_dicts(d):
+        if rope_type not in ("default", "llama3"):
+            raise CheckpointError(
+                f"{source}: {key} type {rope_type!r} is not supported (only default and llama3 "
+                "RoPE)"
+            )
+    # Llama's attention_bias also adds an o_proj bias and mlp_bias biases to the MLP: not built.
+    if d.get("model_type") == "llama" and d.get("attention_bias"):
+        raise CheckpointError(f"{source}: attention_bias=true is not supported for llama")
+    if d.get("mlp_bias"):
+        raise CheckpointError(f"{source}: mlp_bias=true is not supported")
     if d.get("use_sliding_window"):
         raise CheckpointError(f"{source}: use_sliding_window=true is not supported")
     layer_types = d.get("layer_types") or []

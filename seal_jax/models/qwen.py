@@ -1,4 +1,4 @@
-"""Flax (linen) Qwen2 / Qwen2.5 / Qwen3 causal LM with an optional KV cache.
+"""Flax (linen) Qwen2 / Qwen2.5 / Qwen3 / Llama 3 causal LM with an optional KV cache.
 
 Layers are stacked with `nn.scan` (one compiled layer body, parameters with a leading layer axis),
 optionally rematerialised or unrolled (`scan_unroll`). Parameter names follow Hugging Face so
@@ -25,6 +25,7 @@ the cache needs no more slots than the longest row, however ragged the rows are.
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import flax.linen as nn
@@ -34,7 +35,7 @@ from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_ke
 from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_mask as splash_mask
 from jax.sharding import PartitionSpec as P
 
-from seal_jax.models.config import QwenConfig
+from seal_jax.models.config import Llama3RopeScaling, QwenConfig
 from seal_jax.sharding import constrain, logical_spec, on_mesh
 
 Params = Any
@@ -60,10 +61,36 @@ class RMSNorm(nn.Module):
         return weight.astype(self.dtype) * y.astype(self.dtype)
 
 
-def rope_tables(positions: jax.Array, head_dim: int, theta: float) -> tuple[jax.Array, jax.Array]:
+def rope_frequencies(cfg: QwenConfig) -> jax.Array:
+    """The RoPE inverse frequencies [head_dim / 2] (float32): the default ones, rescaled as
+    Llama 3.1 does when the config has llama3 rope scaling."""
+    d = cfg.head_dim
+    inv_freq = 1.0 / (cfg.rope_theta ** (jnp.arange(0, d, 2, dtype=jnp.float32) / d))
+    if cfg.rope_scaling is None:
+        return inv_freq
+    return llama3_frequencies(inv_freq, cfg.rope_scaling)
+
+
+def llama3_frequencies(inv_freq: jax.Array, scaling: Llama3RopeScaling) -> jax.Array:
+    """Llama 3.1's rescaling of default inverse frequencies, in transformers' float32 operations
+    and order: long wavelengths slowed down by `factor`, short ones kept, the band between
+    interpolated."""
+    old_context = scaling.original_max_position_embeddings
+    low_freq_wavelen = old_context / scaling.low_freq_factor
+    high_freq_wavelen = old_context / scaling.high_freq_factor
+    wavelen = 2 * math.pi / inv_freq
+    scaled = jnp.where(wavelen > low_freq_wavelen, inv_freq / scaling.factor, inv_freq)
+    smooth = (old_context / wavelen - scaling.low_freq_factor) / (
+        scaling.high_freq_factor - scaling.low_freq_factor
+    )
+    smoothed = (1 - smooth) * scaled / scaling.factor + smooth * scaled
+    medium = ~(wavelen < high_freq_wavelen) & ~(wavelen > low_freq_wavelen)
+    return jnp.where(medium, smoothed, scaled)
+
+
+def rope_tables(positions: jax.Array, cfg: QwenConfig) -> tuple[jax.Array, jax.Array]:
     """cos/sin tables [B, T, head_dim] (float32) for integer positions [B, T]."""
-    inv_freq = 1.0 / (theta ** (jnp.arange(0, head_dim, 2, dtype=jnp.float32) / head_dim))
-    freqs = positions.astype(jnp.float32)[..., None] * inv_freq
+    freqs = positions.astype(jnp.float32)[..., None] * rope_frequencies(cfg)
     emb = jnp.concatenate([freqs, freqs], axis=-1)
     return jnp.cos(emb), jnp.sin(emb)
 
@@ -456,7 +483,7 @@ class Qwen(nn.Module):
     ) -> tuple[jax.Array, Cache | None]:
         """Runs the trunk. Returns (hidden [B,T,E] after the final norm, updated cache or None)."""
         t = input_ids.shape[1]
-        cos, sin = rope_tables(positions, self.cfg.head_dim, self.cfg.rope_theta)
+        cos, sin = rope_tables(positions, self.cfg)
         mask = mask.astype(bool)
         if cache is None:
             ctx = {"cos": cos, "sin": sin, "key_mask": mask}
@@ -534,11 +561,11 @@ class Qwen(nn.Module):
         """Final hidden states [B, T, E] of rows that continue their group's shared prompt."""
         ids, prompt_positions, prompt_mask = prompt
         rows_per_prompt = input_ids.shape[0] // ids.shape[0]
-        cos, sin = rope_tables(prompt_positions, self.cfg.head_dim, self.cfg.rope_theta)
+        cos, sin = rope_tables(prompt_positions, self.cfg)
         ctx = {"cos": cos, "sin": sin, "key_mask": prompt_mask.astype(bool), "return_kv": ()}
         _, (k, v) = self.layers(self.embed_tokens(ids), None, ctx)
         k, v = (jnp.repeat(a, rows_per_prompt, axis=1) for a in (k, v))  # [L, B, P, KVH, D]
-        cos, sin = rope_tables(positions, self.cfg.head_dim, self.cfg.rope_theta)
+        cos, sin = rope_tables(positions, self.cfg)
         ctx = {
             "cos": cos,
             "sin": sin,
