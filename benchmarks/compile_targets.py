@@ -1,7 +1,8 @@
-"""Compiles the paper's setting for each hardware target of configs/qwen.py (run.py --mode=compile)
-and prints one table: resident state and peak memory per chip of every program, whether it fits,
-and the step-time estimate (seal_jax/estimate.py). Needs libtpu (`pip install
-"libtpu==0.0.42.*"`); no TPU and no weights (model architectures from benchmarks/model_configs).
+"""Compiles the paper's setting for each hardware target of configs/qwen.py and configs/toolace.py
+(run.py --mode=compile) and prints one table: resident state and peak memory per chip of every
+program, whether it fits, and the step-time estimate (seal_jax/estimate.py). Needs libtpu
+(`pip install "libtpu==0.0.42.*"`); no TPU and no weights (model architectures from
+benchmarks/model_configs).
 
     python -m benchmarks.compile_targets                       # every target
     python -m benchmarks.compile_targets --targets=7b-v5p-8 --out_dir=workdirs/compile_targets
@@ -17,13 +18,19 @@ import time
 
 from absl import app, flags
 
-from configs.qwen import TARGETS
+from configs import qwen, toolace
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-MODELS = {"7b": "qwen2.5-7b", "3b": "qwen2.5-3b"}
+# model size of a target's name -> (config file, model architecture in benchmarks/model_configs)
+MODELS = {
+    "7b": ("qwen.py", "qwen2.5-7b"),
+    "3b": ("qwen.py", "qwen2.5-3b"),
+    "8b": ("toolace.py", "llama-3.1-8b"),
+}
+TARGETS = [*qwen.TARGETS, *toolace.TARGETS]
 GIB = 2**30
 
-flags.DEFINE_list("targets", list(TARGETS), "Targets of configs/qwen.py:TARGETS.")
+flags.DEFINE_list("targets", TARGETS, "Targets of configs/qwen.py and configs/toolace.py.")
 flags.DEFINE_string("out_dir", "workdirs/compile_targets", "One work directory per target.")
 FLAGS = flags.FLAGS
 
@@ -31,11 +38,12 @@ FLAGS = flags.FLAGS
 def compile_target(target: str) -> dict:
     """Runs run.py --mode=compile for a target; returns its compile.json (plus seconds, rc)."""
     workdir = os.path.join(FLAGS.out_dir, target)
-    model = os.path.join(ROOT, "benchmarks", "model_configs", MODELS[target.split("-")[0]])
+    config, architecture = MODELS[target.split("-")[0]]
+    model = os.path.join(ROOT, "benchmarks", "model_configs", architecture)
     cmd = [
         sys.executable,
         os.path.join(ROOT, "run.py"),
-        f"--config={os.path.join(ROOT, 'configs', 'qwen.py')}:{target}",
+        f"--config={os.path.join(ROOT, 'configs', config)}:{target}",
         f"--config.model.path={model}",
         f"--workdir={workdir}",
         "--mode=compile",
@@ -53,21 +61,35 @@ def compile_target(target: str) -> dict:
 
 def row(target: str, r: dict) -> str:
     """One markdown table row (GiB per chip)."""
-    res = r["resident_bytes_per_chip"]
+    res, host = r["resident_bytes_per_chip"], r["host_bytes_per_chip"]
     peaks = {p["name"]: p["peak_bytes_per_chip"] / GIB for p in r["programs"]}
     s = r["settings"]
+    update = f"{peaks['update_micro_step']:.1f}"
+    if "update_optimizer_step" in peaks:  # Adam's state in host memory: a program of its own
+        update += f" (optimizer step {peaks['update_optimizer_step']:.1f})"
     cells = [
         target,
         f"{r['chips']} x {r['device_kind']}, {r['hbm_bytes_per_chip'] / GIB:.1f}",
         f"{s['rollout_rows']} / {s['update_rows_per_micro_step']}",
-        " / ".join(f"{res[k] / GIB:.1f}" for k in ("params", "opt_state", "reference", "kv_cache")),
-        *(f"{peaks[k]:.1f}" for k in ("update_micro_step", "logprob_pass", "rollout_prefill")),
+        " / ".join(
+            _resident(res[k], host.get(k, 0))
+            for k in ("params", "opt_state", "reference", "kv_cache")
+        ),
+        update,
+        *(f"{peaks[k]:.1f}" for k in ("logprob_pass", "rollout_prefill")),
         f"{peaks['rollout_decode']:.1f}",
         "yes" if r["fits"] else "**no**",
         f"{r['estimate']['update_s_per_step']:.0f} / {r['estimate']['rollout_s_per_step']:.0f} s, "
         f"{r['estimate']['paper_run_hours']:.1f} h",
     ]
     return "| " + " | ".join(cells) + " |"
+
+
+def _resident(chips: int, host: int) -> str:
+    """A resident size on the chips, and what of it waits in host memory (GiB per chip)."""
+    if chips == host:  # all of it in host memory (the reference with rl.reference_on_host)
+        return f"{host / GIB:.1f} (host)"
+    return f"{chips / GIB:.1f}" + (f" + {host / GIB:.1f} (host)" if host else "")
 
 
 def main(argv: list[str]) -> None:

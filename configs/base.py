@@ -84,6 +84,9 @@ def base_config() -> ml_collections.ConfigDict:
     c.optim.mu_dtype = "float32"
     c.optim.grad_clip = 1.0  # global gradient-norm clip (the paper's; 0: off)
     c.optim.grad_accum = 1  # micro-batches accumulated per optimizer step
+    # Keep Adam's state in host memory; the optimizer step brings it to the chips one parameter
+    # at a time (seal_jax/optim.py): frees the moments' size on every chip for the update.
+    c.optim.moments_on_host = False
 
     # GRPO with a PPO-clip loss (seal_jax/rl.py; docs/method.md section 1).
     c.rl = ml_collections.ConfigDict()
@@ -206,6 +209,11 @@ def base_config() -> ml_collections.ConfigDict:
     c.rollout.min_batch = 1  # fewest rows per compiled batch (power of two; fewer programs)
     c.rollout.min_prefill_width = 1  # narrowest prefill piece (power of two; fewer programs)
     c.rollout.enable_thinking = False  # Qwen3 templates: render non-thinking prompts
+    # Chips per sampler group (seal_jax/weight_sync.py): rollouts decode from a compute-dtype
+    # copy of the parameters, tensor-parallel over each group and replicated across groups, so
+    # no weight is gathered per token. 0: decode from the trainer's own parameters on one host;
+    # one group per host on several.
+    c.rollout.sampler_tensor = 0
 
     # The training loop.
     c.train = ml_collections.ConfigDict()

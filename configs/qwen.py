@@ -19,20 +19,25 @@ from configs.base import VARIANTS, apply_variant, base_config
 
 # name -> settings (dotted config keys). Each keeps one 16k-token row per chip per update
 # micro-step (the fewest rows that split over the chips); --mode=compile figures for each are in
-# benchmarks/README.md ("Compiled for TPU targets"): all fit but 7b-v4-8, whose chips cannot
-# hold the fp32 parameters, Adam state and accumulated gradient together with a 16k row (it
-# needs Adam's moments in host memory).
+# benchmarks/README.md ("Compiled for TPU targets"): all fit. On v4-8 the fp32 parameters, Adam
+# state and accumulated gradient leave too little of a chip for a 16k row, so Adam's moments wait
+# in host memory (optim.moments_on_host). Rollouts decode from a bf16 copy tensor-parallel over
+# groups of rollout.sampler_tensor chips of one host (seal_jax/weight_sync.py), one task's 8
+# rows per host at a time where the KV cache of more would not fit beside the training state.
 TARGETS = {
     "7b-v5p-8": {
         "aot.topology": "v5p:2x2x1",
         "rollout.micro_batch_tasks": 2,
+        "rollout.sampler_tensor": 4,
         "optim.grad_accum": 16,
     },
     "7b-v4-8": {
         "aot.topology": "v4:2x2x1",
         "rollout.micro_batch_tasks": 1,
+        "rollout.sampler_tensor": 4,
         "optim.grad_accum": 16,
         "optim.mu_dtype": "bfloat16",
+        "optim.moments_on_host": True,
         "rl.reference_on_host": True,
         "model.attn_chunk": 256,
         "model.mlp_chunk": 4096,
@@ -40,7 +45,8 @@ TARGETS = {
     "7b-v5e-16": {
         "aot.topology": "v5e:4x4",
         "rl.reference_on_host": True,
-        "rollout.micro_batch_tasks": 2,
+        "rollout.micro_batch_tasks": 1,
+        "rollout.sampler_tensor": 4,
         "optim.grad_accum": 4,
         "optim.mu_dtype": "bfloat16",
         "model.attn_chunk": 256,
@@ -48,7 +54,8 @@ TARGETS = {
     },
     "7b-v5e-32": {
         "aot.topology": "v5e:4x8",
-        "rollout.micro_batch_tasks": 4,
+        "rollout.micro_batch_tasks": 1,
+        "rollout.sampler_tensor": 4,
         "optim.grad_accum": 2,
         "optim.mu_dtype": "bfloat16",
         "model.attn_chunk": 256,
@@ -56,7 +63,8 @@ TARGETS = {
     },
     "3b-v5e-8": {
         "aot.topology": "v5e:2x4",
-        "rollout.micro_batch_tasks": 2,
+        "rollout.micro_batch_tasks": 1,
+        "rollout.sampler_tensor": 2,  # Qwen2.5-3B has 2 KV heads: a group of 2 splits them
         "optim.grad_accum": 8,
         "optim.mu_dtype": "bfloat16",
         "model.attn_chunk": 256,

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import itertools
 import json
 import math
 import os
@@ -24,7 +25,7 @@ import jax.numpy as jnp
 from jax.sharding import Mesh
 
 from seal_jax import config as config_lib
-from seal_jax import episodes, estimate, optim, sharding
+from seal_jax import episodes, estimate, optim, sharding, train_step, weight_sync
 from seal_jax import update as update_lib
 from seal_jax.models import LoadedModel, QwenConfig
 from seal_jax.models.checkpoint import param_shapes
@@ -89,16 +90,25 @@ def abstract_opt_state(updater: update_lib.Updater, params: Any) -> Any:
     return _with_shardings(jax.eval_shape(updater.optimizer.init, params), shards)
 
 
-def lower_update(updater: update_lib.Updater, model: LoadedModel, length: int) -> tuple[Any, tuple]:
+def lower_update(
+    updater: update_lib.Updater, model: LoadedModel, length: int
+) -> dict[str, tuple[Any, tuple]]:
     """The update micro-step at its largest shape (rows of `length` tokens, whole sequences),
-    lowered for the model's mesh; returns (lowered, its arguments)."""
+    and the optimizer step where it is a program of its own (`optim.moments_on_host`), lowered
+    for the model's mesh; name -> (lowered, its arguments)."""
     config = updater.config
     state = abstract_opt_state(updater, model.params)
     rows = update_lib.micro_batch_rows(config)
     batch = _batch(model.mesh, rows, length, config.rl.kl_coef > 0)
     args = (model.params, state, batch)
+    step = updater.step_fn
     with jax.set_mesh(model.mesh):
-        return updater.step_fn.lower(*args), args
+        if not isinstance(step, train_step.AccumulatingStep):
+            return {"update_micro_step": (step.lower(*args), args)}
+        return {
+            "update_micro_step": (step.micro_step.lower(*args), args),
+            "update_optimizer_step": (step.optimizer_step.lower(*args[:2]), args[:2]),
+        }
 
 
 def lower_logprobs(
@@ -116,7 +126,8 @@ def lower_logprobs(
 
 def lower_rollout(config: Any, model: LoadedModel, engine: Any) -> dict[str, tuple[Any, tuple]]:
     """The rollout's prefill and decode programs at the largest bucket a step can use (every row
-    of one rollout chunk, a cache of the whole context); name -> (lowered, arguments)."""
+    of one rollout chunk, a cache of the whole context), and the sampling copy when the engine
+    has a sampling layout (`seal_jax.weight_sync`); name -> (lowered, arguments)."""
     from seal_jax.rollout import params_layout
 
     rows = engine.batch_bucket(episodes.chunk_rows(config))
@@ -130,14 +141,24 @@ def lower_rollout(config: Any, model: LoadedModel, engine: Any) -> dict[str, tup
         "lengths": jax.ShapeDtypeStruct((rows,), jnp.int32),
     }
     a = {k: engine.abstract_rows(v.shape, v.dtype) for k, v in per_row.items()}
-    layout = params_layout(model.params)
-    prefill = (model.params, cache, a["logits"], a["ids"], a["lengths"])
-    decode = (model.params, cache, a["logits"], a["keys"], a["budget"], a["stop_ids"])
-    with jax.set_mesh(model.mesh):
-        return {
-            "rollout_prefill": (engine.program("prefill", layout).lower(*prefill), prefill),
-            "rollout_decode": (engine.program("decode", layout).lower(*decode), decode),
-        }
+    params, lowered = model.params, {}
+    if engine.layout is not None:
+        layout = engine.layout
+        staged = _with_shardings(params, layout.staged(params))
+        with jax.set_mesh(layout.global_mesh):
+            copy = layout.copy_program(staged).lower(staged)
+        lowered["sampling_copy"] = (copy, (staged,))
+        params = _with_shardings(
+            jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, layout.dtype), params),
+            layout.shardings(params, layout.mesh),
+        )
+    variant = params_layout(params)
+    prefill = (params, cache, a["logits"], a["ids"], a["lengths"])
+    decode = (params, cache, a["logits"], a["keys"], a["budget"], a["stop_ids"])
+    with jax.set_mesh(engine.mesh):
+        lowered["rollout_prefill"] = (engine.program("prefill", variant).lower(*prefill), prefill)
+        lowered["rollout_decode"] = (engine.program("decode", variant).lower(*decode), decode)
+    return lowered
 
 
 def _batch(mesh: Mesh, rows: int, length: int, with_ref: bool) -> dict[str, Any]:
@@ -211,10 +232,103 @@ def collectives(hlo_text: str) -> collections.Counter:
     )
 
 
-def device_bytes(tree: Any) -> int:
-    """Bytes one device holds of a pytree of sharded arrays or ShapeDtypeStructs."""
+def weight_gathers_per_token(hlo_text: str, params: Any) -> dict:
+    """The all-gathers of parameters a decode program runs per generated token: those inside
+    its token loop (the while loops outside any other) whose result has a parameter's per-layer
+    shape, its local shard's, or a mix (dimension by dimension), counted once per trip of the
+    loops inside the token loop (the layer scan). Returns {"count", "bytes"} per device."""
+    weight_shapes = set()
+    for path, x in jax.tree_util.tree_flatten_with_path(params)[0]:
+        shard = x.sharding.shard_shape(x.shape)
+        stacked = sharding.path_str(path).startswith("layers/")  # a leading layer axis
+        full, local = (x.shape[1:], shard[1:]) if stacked else (x.shape, shard)
+        weight_shapes |= set(itertools.product(*zip(full, local))) - {tuple(local)}
+    computations = _computations(hlo_text)
+    count = nbytes = 0
+    for body in _outer_loop_bodies(computations, _entry(hlo_text)):
+        for comp, trips in _reachable(computations, body):
+            for dtype, dims in _all_gathers(computations[comp]):
+                if tuple(dims) in weight_shapes:
+                    count += trips
+                    nbytes += trips * math.prod(dims) * _HLO_BYTES[dtype]
+    return {"count": count, "bytes": nbytes}
+
+
+_HLO_BYTES = {"bf16": 2, "f16": 2, "f32": 4, "s32": 4, "u32": 4, "s8": 1, "u8": 1, "pred": 1}
+_CALLEES = r"(?:calls|to_apply|branch_computations|true_computation|false_computation)"
+_LOOPS = r"(?:body|condition)"
+
+
+def _computations(hlo_text: str) -> dict[str, list[str]]:
+    """Computation name -> its instruction lines, from optimized HLO text."""
+    out, current = {}, None
+    for line in hlo_text.splitlines():
+        head = re.match(r"^(?:ENTRY )?%([\w.\-]+) .*\{\s*$", line)
+        if head:
+            current = out.setdefault(head.group(1), [])
+        elif current is not None and line.startswith("  "):
+            current.append(line.strip())
+    return out
+
+
+def _entry(hlo_text: str) -> str:
+    return re.search(r"^ENTRY %([\w.\-]+)", hlo_text, re.M).group(1)
+
+
+def _called(line: str, kinds: str) -> list[str]:
+    """Names of the computations an instruction line calls through the given attributes."""
+    groups = re.findall(kinds + r"=\{?(%[\w.\-]+(?:, %[\w.\-]+)*)\}?", line)
+    return [name.lstrip("%") for group in groups for name in group.split(", ")]
+
+
+def _outer_loop_bodies(computations: dict[str, list[str]], root: str) -> list[str]:
+    """The bodies of the while loops root runs that no other loop encloses."""
+    bodies, stack = [], [root]
+    while stack:
+        for line in computations.get(stack.pop(), []):
+            if " while(" in line:
+                bodies += _called(line, "body")
+            else:
+                stack += _called(line, _CALLEES)
+    return bodies
+
+
+def _reachable(computations: dict[str, list[str]], root: str) -> list[tuple[str, int]]:
+    """(computation, times it runs per run of root) for root and everything it calls; a while
+    loop's body and condition count its known trip count."""
+    out, stack = [], [(root, 1)]
+    while stack:
+        comp, times = stack.pop()
+        out.append((comp, times))
+        for line in computations.get(comp, []):
+            trips = re.search(r'"known_trip_count":\{"n":"(\d+)"', line)
+            inner = times * int(trips.group(1)) if trips and " while(" in line else times
+            stack += [(name, times) for name in _called(line, _CALLEES)]
+            stack += [(name, inner) for name in _called(line, _LOOPS)]
+    return out
+
+
+def _all_gathers(lines: list[str]) -> list[tuple[str, list[int]]]:
+    """(dtype, dims) of the results of the all-gathers among instruction lines."""
+    found = []
+    for line in lines:
+        m = re.search(r"= (.*?) all-gather(?:-start)?\(", line)
+        if not m:
+            continue
+        # An async start's result is a tuple (operand, result): the result's shape is last.
+        dtype, dims = re.findall(r"(\w+)\[([\d,]*)\]", m.group(1))[-1]
+        if dtype in _HLO_BYTES:
+            found.append((dtype, [int(d) for d in dims.split(",") if d]))
+    return found
+
+
+def device_bytes(tree: Any, memory_kind: str = "device") -> int:
+    """Bytes one device holds in its memory (or in its host's memory: memory_kind="pinned_host")
+    of a pytree of sharded arrays or ShapeDtypeStructs."""
     total = 0
     for x in jax.tree.leaves(tree):
+        if (x.sharding.memory_kind or "device") != memory_kind:
+            continue
         shard = x.sharding.shard_shape(x.shape)
         total += math.prod(shard) * jnp.dtype(x.dtype).itemsize
     return total
@@ -239,6 +353,15 @@ def target_devices(topology: str) -> list[Any]:
             f"--config.aot.topology={topology!r}: {type(error).__name__}: {error} (compiling "
             "for a TPU topology needs libtpu: pip install 'libtpu==0.0.42.*')"
         ) from error
+
+
+def host_topology(topology: str, devices: list[Any]) -> str:
+    """The topology name of one host's chips of a multi-host topology ("v5e:4x4" -> "v5e:2x2"):
+    the extent of process 0's chip coordinates."""
+    kind, shape = topology.split(":")
+    mine = [d.coords for d in devices if d.process_index == 0]
+    extent = [max(c[i] for c in mine) - min(c[i] for c in mine) + 1 for i in range(3)]
+    return f"{kind}:{'x'.join(str(e) for e in extent[: len(shape.split('x'))])}"
 
 
 def hbm_bytes(device: Any) -> int:
@@ -280,7 +403,19 @@ def check(config: Any, cfg: QwenConfig, workdir: str, topology: str | None = Non
     engine_config = rollout.EngineConfig.from_config(
         config.rollout, config.rollout.max_new_tokens, stop_ids=(0,)
     )
-    engine = rollout.RolloutEngine(cfg, mesh, engine_config, model.compute_dtype)
+    layout = weight_sync.sampling_layout(
+        config.rollout.sampler_tensor, model.compute_dtype, devices
+    )
+    if layout and len({d.process_index for d in devices}) > 1:
+        # Rollouts are host-local: compiled for one host's chips as a topology of their own
+        # (the compiler takes a program's devices to be the whole of its topology).
+        local = target_devices(host_topology(topology, devices))
+        group = layout.mesh.shape["tensor"]
+        local_mesh = weight_sync.sampling_layout(group, model.compute_dtype, local).mesh
+        layout = dataclasses.replace(layout, mesh=local_mesh)
+    engine = rollout.RolloutEngine(
+        cfg, layout.mesh if layout else mesh, engine_config, model.compute_dtype, layout
+    )
     updater = update_lib.build_updater(config, model)
     reference = jax.tree.map(
         lambda x: jax.ShapeDtypeStruct(x.shape, model.compute_dtype, sharding=x.sharding),
@@ -294,33 +429,46 @@ def check(config: Any, cfg: QwenConfig, workdir: str, topology: str | None = Non
     }
     on_host = {  # per chip, in its host's memory
         "reference": resident["reference"] if config.rl.reference_on_host else 0,
+        "opt_state": device_bytes(opt_state, optim.HOST),
     }
     # The reference is on the chips during its own pass, and between passes unless on host.
     reference_beside = resident["reference"] - on_host["reference"]
     lowered = {
-        "update_micro_step": lower_update(updater, model, length),
+        **lower_update(updater, model, length),
         "logprob_pass": lower_logprobs(updater, model, length),
         **lower_rollout(config, model, engine),
     }
-    beside = {  # resident state alive during each program that it does not take as an argument
-        "update_micro_step": reference_beside,
-        "logprob_pass": resident["opt_state"] + resident["reference"],
-        "rollout_prefill": resident["opt_state"] + reference_beside,
-        "rollout_decode": resident["opt_state"] + reference_beside,
-    }
     _, decode_args = lowered["rollout_decode"]
     resident["kv_cache"] = device_bytes(decode_args[1])  # (params, cache, logits, ...)
-    programs, tpu = [], devices[0].platform == "tpu"
+    # With a sampling layout the rollout reads its copy; the trainer's params wait beside it.
+    resident["sampling_copy"] = device_bytes(decode_args[0]) if layout else 0
+    rollout_beside = resident["opt_state"] + reference_beside
+    rollout_beside += resident["params"] if layout else 0
+    beside = {  # resident state alive during each program that it does not take as an argument
+        "update_micro_step": reference_beside,
+        "update_optimizer_step": reference_beside,
+        "logprob_pass": resident["opt_state"] + resident["reference"],
+        "sampling_copy": resident["opt_state"] + reference_beside,
+        "rollout_prefill": rollout_beside,
+        "rollout_decode": rollout_beside,
+    }
+    programs, tpu, gathers = [], devices[0].platform == "tpu", {}
     for name, (low, args) in lowered.items():
         program, compiled = compile_memory(name, low, args, beside[name], tpu)
         programs.append(program)
+        if compiled is not None and name == "rollout_decode":
+            gathers = weight_gathers_per_token(compiled.as_text(), decode_args[0])
         if compiled is not None and config.aot.dump_hlo and jax.process_index() == 0:
             os.makedirs(os.path.join(workdir, "hlo"), exist_ok=True)
             with open(os.path.join(workdir, "hlo", f"{name}.txt"), "w") as f:
                 f.write(compiled.as_text())
     report = _report(config, topology, devices, resident, programs)
     report["host_bytes_per_chip"] = on_host
-    report["estimate"] = estimate.step_estimate(config, cfg, devices[0].device_kind, len(devices))
+    report["decode_weight_gathers_per_token"] = gathers
+    hosts = len({d.process_index for d in devices})
+    report["estimate"] = estimate.step_estimate(
+        config, cfg, devices[0].device_kind, len(devices), hosts
+    )
     if jax.process_index() == 0:  # every process compiles the same programs
         os.makedirs(workdir, exist_ok=True)
         with open(os.path.join(workdir, "compile.json"), "w") as f:
@@ -346,7 +494,8 @@ def _advice(program: str) -> str:
         )
     return (
         "fewer rows per micro-step (optim.grad_accum, train.mini_batch_tasks), a shorter "
-        "rollout.context_limit, optim.mu_dtype=bfloat16, or more chips (mesh.fsdp)"
+        "rollout.context_limit, optim.mu_dtype=bfloat16, Adam's state in host memory "
+        "(optim.moments_on_host), or more chips (mesh.fsdp)"
     )
 
 
@@ -392,17 +541,34 @@ def format_table(report: dict) -> str:
             for k, v in report.get("host_bytes_per_chip", {}).items()
             if v
         ),
-        f"{'program':<20}" + "".join(f"{c:>10}" for c in columns) + "  fits",
+        f"{'program':<22}" + "".join(f"{c:>10}" for c in columns) + "  fits",
     ]
     for p in report["programs"]:
         sizes = (p["argument_bytes"], p["temp_bytes"], p["output_bytes"], p["other_resident_bytes"])
         cells = "".join(f"{b / GIB:>10.2f}" for b in (*sizes, p["peak_bytes_per_chip"]))
-        lines.append(f"{p['name']:<20}{cells}  {'yes' if p['fits'] else 'NO'}")
+        lines.append(f"{p['name']:<22}{cells}  {'yes' if p['fits'] else 'NO'}")
     e = report.get("estimate")
     if e:
         lines.append(
             f"estimate per step: update {e['update_s_per_step']:.0f} s, rollout "
             f"{e['rollout_s_per_step']:.0f} s; the paper's 72 steps {e['paper_run_hours']:.1f} h "
             f"({e['assumptions']})"
+        )
+        d = e["decode"]
+        layout = (
+            f"groups of {d['sampler_group_chips']} chips"
+            if d["sampler_group_chips"]
+            else ("the trainer's layout")
+        )
+        lines.append(
+            f"decode ({layout}): {d['bytes_per_chip_per_step'] / GIB:.2f} GiB read per chip per "
+            f"step at the roofline, {d['tokens_per_s_per_chip']:.0f} tokens/s per chip; sampling "
+            f"copy {d['copy_s']:.2f} s"
+        )
+    gathers = report.get("decode_weight_gathers_per_token")
+    if gathers:
+        lines.append(
+            f"decode: {gathers['count']} weight all-gathers per token in its loop, "
+            f"{gathers['bytes'] / GIB:.2f} GiB per chip"
         )
     return "\n".join(lines)

@@ -1,7 +1,8 @@
 """Multi-host plumbing: jax.distributed start-up and host data shared across processes.
 
 The trainer runs one controller per host. Rollouts are host-local: each process generates the
-episodes of its share of the step's tasks on its own devices with its own environment pool;
+episodes of its share of the step's tasks on its own devices (from the sampling copy of the
+parameters, `seal_jax.weight_sync`) with its own environment pool;
 the episodes are then gathered so that every process holds the whole step's host data (and so
 takes identical host-side decisions: tag statistics, utilities, interface), and the update runs
 on the global mesh with globally sharded parameters and batches.
@@ -16,9 +17,7 @@ import jax
 import numpy as np
 from absl import logging
 from jax.experimental import multihost_utils
-from jax.sharding import Mesh, NamedSharding
-
-from seal_jax import sharding
+from jax.sharding import NamedSharding
 
 
 def initialize(dist_config: Any) -> None:
@@ -63,14 +62,3 @@ def to_host(x: jax.Array) -> np.ndarray:
 def put_global(x: np.ndarray, target: NamedSharding) -> jax.Array:
     """A global array from a host array that every process holds in full."""
     return jax.make_array_from_callback(x.shape, target, lambda index: x[index])
-
-
-def local_mesh() -> Mesh:
-    """A mesh over this process's own devices (batch over all of them)."""
-    return sharding.make_mesh(-1, 1, 1, devices=jax.local_devices())
-
-
-def local_copy(params: Any, mesh: Mesh) -> Any:
-    """The parameters replicated on this process's devices (for host-local rollouts)."""
-    target = sharding.replicated(mesh)
-    return jax.tree.map(lambda x: jax.device_put(to_host(x), target), params)

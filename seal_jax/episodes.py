@@ -169,8 +169,7 @@ def collect_episodes(
     bounds the KV cache of one rollout; a chunk starting at task `start` of the share samples
     with seed `(seed * 1024 + process index) * 1024 + start`.
     """
-    if distributed.multi_process():  # rollouts are host-local: a copy on this host's devices
-        params = distributed.local_copy(params, engine.mesh)
+    params = engine.sampling_params(params)  # on several hosts, a copy on this host's chips
     mine = host_share(task_ids)
     chunk = chunk_tasks or len(mine)
     local = [

@@ -36,7 +36,9 @@ by the engine with explicit shardings, one compiled program per bucket shape, co
     cache holding only the rows that continue. The G samples of a prompt share one prefill:
     each prompt is prefilled once and its cache row is copied to its G rows.
   * Sharding: batch rows over the mesh's (data, fsdp) axes, KV heads over `tensor`, parameters as
-    passed to `start` (the training layout, so no resharding between rollouts and updates).
+    passed to `start`: the trainer's, or the sampling copy of the engine's layout
+    (`sampling_params`, `seal_jax.weight_sync`: tensor-parallel groups, no weight gathers while
+    decoding).
 """
 
 from __future__ import annotations
@@ -57,6 +59,7 @@ from seal_jax.models.config import QwenConfig
 from seal_jax.models.qwen import CACHE_AXES, Cache, Qwen, init_cache
 from seal_jax.sampler import SamplingParams, sample
 from seal_jax.sharding import BATCH_AXES
+from seal_jax.weight_sync import SamplingLayout
 
 STOP = "stop"  # sampled one of the row's stop ids (the stop id is part of the reply)
 MAX_NEW_TOKENS = "max_new_tokens"  # the turn used its token budget
@@ -310,10 +313,14 @@ class RolloutEngine:
         mesh: Mesh,
         config: EngineConfig,
         compute_dtype: Any = jnp.float32,
+        layout: SamplingLayout | None = None,
     ) -> None:
-        """Args: the architecture, the mesh, the settings, and the dtype of activations and
-        matmuls."""
-        self.cfg, self.mesh, self.config = cfg, mesh, config
+        """Args: the architecture, the mesh, the settings, the dtype of activations and
+        matmuls, and the sampling layout whose copy of the parameters the engine decodes from
+        (`seal_jax.weight_sync`; its mesh is the engine's), if any."""
+        if layout is not None and layout.mesh != mesh:
+            raise ValueError("the engine's mesh must be its sampling layout's")
+        self.cfg, self.mesh, self.config, self.layout = cfg, mesh, config, layout
         self.compute_dtype = compute_dtype
         self.cache_dtype = config.cache_dtype or compute_dtype
         self.batch_shards = int(np.prod([mesh.shape[a] for a in BATCH_AXES]))
@@ -329,6 +336,11 @@ class RolloutEngine:
         self._programs: dict[tuple[str, Hashable], Any] = {}  # (name, variant) -> jitted program
 
     # ---- host API --------------------------------------------------------------------------
+
+    def sampling_params(self, params: Any) -> Any:
+        """The parameters to start rollouts with: the sampling layout's copy of the trainer's
+        params (made chip to chip), or params as they are when the engine has no layout."""
+        return self.layout.copy(params) if self.layout is not None else params
 
     def start(
         self,

@@ -182,6 +182,7 @@ def warm_start(
             mu_dtype="float32",
             grad_clip=grad_clip,
             grad_accum=1,
+            moments_on_host=False,
         )
     )
     step_fn, init_opt_state = train_step.make_update_step(

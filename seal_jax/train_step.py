@@ -5,11 +5,14 @@ opt_state, metrics)` with explicit in/out shardings, donating params and optimiz
 Gradient accumulation is `optax.MultiSteps` summing gradients (`seal_jax.optim`): call the step
 once per micro-batch from `split_micro_batches`, whose rows all carry the step batch's loss
 normaliser, so the summed micro-batch gradients equal the full batch's gradient (see
-`seal_jax.rl` for the aggregation). The batch layout is the one documented in `seal_jax.rl`.
+`seal_jax.rl` for the aggregation). With Adam's state in host memory
+(`seal_jax.optim.HostMomentsOptimizer`) the step is two programs, `AccumulatingStep`. The batch
+layout is the one documented in `seal_jax.rl`.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -78,15 +81,73 @@ def make_train_step(
     )
 
 
+@dataclasses.dataclass(frozen=True)
+class AccumulatingStep:
+    """A train step of two programs, for `seal_jax.optim.HostMomentsOptimizer`: every call runs
+    `micro_step` (`(params, state, batch) -> (state, metrics)`: the gradient added to the state's
+    sum, state donated), and every `grad_accum`-th call then `optimizer_step` (`(params, state)
+    -> (params, state)`, both donated). Called like the one-program step."""
+
+    micro_step: Any
+    optimizer_step: Any
+    grad_accum: int
+
+    def __call__(self, params: Any, state: Any, batch: Mapping[str, jax.Array]) -> tuple:
+        """One micro-step, then the optimizer step when it completes one: (params, state,
+        metrics)."""
+        state, metrics = self.micro_step(params, state, batch)
+        if int(state.mini_step) == self.grad_accum:
+            params, state = self.optimizer_step(params, state)
+        return params, state, metrics
+
+
+def make_accumulating_step(
+    loss_fn: LossFn,
+    optimizer: optim.HostMomentsOptimizer,
+    param_shardings: Any,
+    batch_sharding: NamedSharding,
+    state_shardings: optim.HostMomentsState,
+) -> AccumulatingStep:
+    """The `AccumulatingStep` of loss_fn under optimizer; shardings as in `make_train_step`."""
+    replicated = NamedSharding(batch_sharding.mesh, PartitionSpec())
+
+    def micro_step(params: Any, state: Any, batch: Mapping[str, jax.Array]) -> tuple:
+        (loss, metrics), grads = jax.value_and_grad(loss_fn, has_aux=True)(params, batch)
+        metrics = {**metrics, "loss": loss, "grad_norm": optax.global_norm(grads)}
+        return optimizer.accumulate(grads, state), metrics
+
+    micro = jax.jit(
+        micro_step,
+        in_shardings=(param_shardings, state_shardings, batch_sharding),
+        out_shardings=(state_shardings, replicated),
+        donate_argnums=(1,),
+    )
+    apply = jax.jit(
+        lambda params, state: optimizer.step(params, state, state_shardings),
+        in_shardings=(param_shardings, state_shardings),
+        out_shardings=(param_shardings, state_shardings),
+        donate_argnums=(0, 1),
+    )
+    return AccumulatingStep(micro, apply, optimizer.grad_accum)
+
+
 def make_update_step(
-    loss_fn: LossFn, optimizer: optax.GradientTransformation, params: Any, mesh: Any
+    loss_fn: LossFn,
+    optimizer: optax.GradientTransformation | optim.HostMomentsOptimizer,
+    params: Any,
+    mesh: Any,
 ) -> tuple[TrainStep, Callable[[Any], Any]]:
     """The jitted train step for parameters laid out as `params` are (batches over the mesh's
     batch axes), and `init(params) -> optimizer state` sharded alike
     (`seal_jax.optim.opt_state_shardings`). Returns (train_step, init)."""
     param_shardings = jax.tree.map(lambda x: x.sharding, params)
     state_shardings = optim.opt_state_shardings(optimizer, params, param_shardings)
-    step_fn = make_train_step(
+    make = (
+        make_accumulating_step
+        if isinstance(optimizer, optim.HostMomentsOptimizer)
+        else make_train_step
+    )
+    step_fn = make(
         loss_fn, optimizer, param_shardings, sharding.batch_sharding(mesh, ndim=1), state_shardings
     )
     init_fn = jax.jit(optimizer.init, out_shardings=state_shardings)

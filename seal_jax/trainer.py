@@ -30,7 +30,7 @@ from environments.rewards import episode_rewards
 from environments.sources import TaskSource, get_source
 from environments.weighting import DiagnosisWeighting, weight_metrics
 from seal_jax import config as config_lib
-from seal_jax import distributed, episodes, evaluation, report, rl, rollout
+from seal_jax import distributed, episodes, evaluation, report, rl, rollout, weight_sync
 from seal_jax import update as update_lib
 from seal_jax.chat import ChatFormat, chat_format
 from seal_jax.checkpointing import Checkpointer
@@ -113,13 +113,15 @@ def step_tasks(config: Any, source: TaskSource, step: int) -> list[str]:
 def _engine(
     model: LoadedModel, config: Any, chat: ChatFormat, sampling: SamplingParams, max_new: int
 ) -> rollout.RolloutEngine:
-    """A rollout engine for the policy; rollouts are host-local: on one process the global
-    mesh, else this process's devices."""
-    mesh = distributed.local_mesh() if distributed.multi_process() else model.mesh
+    """A rollout engine for the policy: on the trainer's mesh, or on this process's chips in the
+    sampling layout (`rollout.sampler_tensor`, `seal_jax.weight_sync`; always on several hosts,
+    whose rollouts are host-local)."""
+    layout = weight_sync.sampling_layout(config.rollout.sampler_tensor, model.compute_dtype)
+    mesh = layout.mesh if layout else model.mesh
     engine_config = rollout.EngineConfig.from_config(
         config.rollout, max_new, chat.stop_ids, sampling
     )
-    return rollout.RolloutEngine(model.config, mesh, engine_config, model.compute_dtype)
+    return rollout.RolloutEngine(model.config, mesh, engine_config, model.compute_dtype, layout)
 
 
 def build(config: Any, model: LoadedModel, workdir: str) -> Run:

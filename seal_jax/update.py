@@ -125,9 +125,6 @@ def micro_batch_rows(config: Any) -> int:
     return config.train.mini_batch_tasks * config.rl.group_size // config.optim.grad_accum
 
 
-HOST = "pinned_host"  # the memory kind of host-resident arrays
-
-
 def frozen_reference(params: Any, compute_dtype: Any, on_host: bool = False) -> Any:
     """A copy of params in the compute dtype, for the KL reference: every forward pass casts the
     weights to the compute dtype first, so its log-probs are those of the fp32 weights, at half
@@ -137,7 +134,7 @@ def frozen_reference(params: Any, compute_dtype: Any, on_host: bool = False) -> 
 
     def copy(x: jax.Array) -> jax.Array:
         y = jnp.copy(x) if x.dtype == compute_dtype else x.astype(compute_dtype)
-        return jax.device_put(y, y.sharding.with_memory_kind(HOST)) if on_host else y
+        return jax.device_put(y, y.sharding.with_memory_kind(optim.HOST)) if on_host else y
 
     return jax.tree.map(copy, params)
 

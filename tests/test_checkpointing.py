@@ -53,3 +53,46 @@ def test_best_metric_key():
     assert eval_score(evaluation, "eval/accuracy/base") == 0.5
     with pytest.raises(ConfigError, match="best_metric"):
         eval_score(evaluation, "eval/accuracy/nope")
+
+
+def test_round_trip_keeps_host_memory_state(tmp_path):
+    """Adam's state in host memory (optim.moments_on_host) is saved and restored exactly, and
+    comes back in host memory."""
+    from types import SimpleNamespace
+
+    import jax
+
+    from seal_jax import optim, sharding
+
+    mesh = sharding.make_mesh(1, 1, 1, jax.devices()[:1])
+    c = SimpleNamespace(
+        lr=1e-3,
+        schedule="constant",
+        warmup_steps=0,
+        total_steps=1,
+        weight_decay=0.0,
+        b1=0.9,
+        b2=0.999,
+        eps=1e-8,
+        mu_dtype="float32",
+        grad_clip=1.0,
+        grad_accum=2,
+        moments_on_host=True,
+    )
+    optimizer = optim.make_optimizer(c)
+    params = {"w": jnp.arange(6.0).reshape(2, 3), "b": jnp.ones(4)}
+    shardings = optim.opt_state_shardings(
+        optimizer, params, jax.tree.map(lambda _: sharding.replicated(mesh), params)
+    )
+    state = jax.jit(optimizer.init, out_shardings=shardings)(params)
+    state = jax.device_put(jax.tree.map(lambda x: x + 1, state), shardings)
+    checkpointer = Checkpointer(str(tmp_path))
+    checkpointer.save(3, params, state, {"step": 3}, 0.0)
+    checkpointer.wait()
+    template = jax.jit(optimizer.init, out_shardings=shardings)(params)
+    _, restored, _ = checkpointer.restore(3, params, template)
+    for got, want in zip(jax.tree.leaves(restored), jax.tree.leaves(state), strict=True):
+        assert got.sharding.memory_kind == want.sharding.memory_kind
+        np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
+    assert {x.sharding.memory_kind for x in jax.tree.leaves(restored.adam)} == {optim.HOST}
+    checkpointer.close()

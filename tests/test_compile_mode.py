@@ -87,7 +87,16 @@ def test_step_estimate_counts_every_weight_matrix_and_scales_with_chips():
     # update with remat (4 forward passes), old and reference log-probs (1 each)
     assert four["update_flops_per_step"] == 6 * (2 * matrices * tokens + attention)
     assert eight["update_s_per_step"] == pytest.approx(four["update_s_per_step"] / 2)
-    assert eight["paper_run_hours"] == pytest.approx(four["paper_run_hours"] / 2)
+    # decoding in sampler groups of 4 chips (the target's): each chip reads a quarter of the
+    # bf16 weights and of its group's cache (16 rows of a chunk over the groups; 28 layers x 4
+    # KV heads x 128 x k, v x 2 bytes per token, half the context on average)
+    cache = 28 * 4 * 128 * 2 * 2 * length / 2
+    for result, group_rows in ((four, 16), (eight, 8)):
+        decode = result["decode"]
+        want = (2 * matrices + group_rows * cache) / 4
+        assert decode["bytes_per_chip_per_step"] == pytest.approx(want)
+        assert decode["tokens_per_s_per_chip"] == pytest.approx(group_rows / 4 / (want / 2.76e12))
+    assert eight["paper_run_hours"] < four["paper_run_hours"]
     assert estimate.step_estimate(c, cfg, "cpu", 8) == {}
 
 

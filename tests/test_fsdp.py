@@ -27,7 +27,8 @@ c.train.mini_batch_tasks, c.rl.group_size, c.optim.grad_accum = n, 1, 1  # one r
 c.model.attn_chunk = c.model.logprob_chunk = 128
 model = aot.abstract_model(cfg, sharding.make_mesh(1, n, 1), jnp.float32, jnp.bfloat16)
 updater = update.build_updater(c, model)
-memory, compiled = aot.compile_memory("update", *aot.lower_update(updater, model, {LENGTH}))
+lowered = aot.lower_update(updater, model, {LENGTH})["update_micro_step"]
+memory, compiled = aot.compile_memory("update", *lowered)
 gathers = [shape for (op, shape), _ in aot.collectives(compiled.as_text()).items()
            if op == "all-gather"]
 print(json.dumps({{"temp": memory.temp_bytes, "gathers": gathers}}))
