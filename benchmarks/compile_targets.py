@@ -73,14 +73,31 @@ def row(target: str, r: dict) -> str:
         f"{s['rollout_rows']} / {s['update_rows_per_micro_step']}",
         " / ".join(
             _resident(res[k], host.get(k, 0))
-            for k in ("params", "opt_state", "reference", "kv_cache")
+            for k in ("params", "opt_state", "reference", "kv_cache", "sampling_copy")
         ),
         update,
-        *(f"{peaks[k]:.1f}" for k in ("logprob_pass", "rollout_prefill")),
+        *(f"{peaks.get(k, 0):.1f}" for k in ("logprob_pass", "sampling_copy", "rollout_prefill")),
         f"{peaks['rollout_decode']:.1f}",
         "yes" if r["fits"] else "**no**",
         f"{r['estimate']['update_s_per_step']:.0f} / {r['estimate']['rollout_s_per_step']:.0f} s, "
         f"{r['estimate']['paper_run_hours']:.1f} h",
+    ]
+    return "| " + " | ".join(cells) + " |"
+
+
+def decode_row(target: str, r: dict) -> str:
+    """One markdown row of the rollout figures: sampler group, weights gathered per token in the
+    compiled decode loop, bytes each chip reads per decode step and tokens/s per chip at the HBM
+    roofline (the estimate), the sampling copy's size and time."""
+    d, gathers = r["estimate"]["decode"], r["decode_weight_gathers_per_token"]
+    group = d["sampler_group_chips"] or "trainer's layout"
+    cells = [
+        target,
+        str(group),
+        f"{gathers['count']} / {gathers['bytes'] / GIB:.2f}",
+        f"{d['bytes_per_chip_per_step'] / GIB:.2f}",
+        f"{d['tokens_per_s_per_chip']:.0f}",
+        f"{r['resident_bytes_per_chip']['sampling_copy'] / GIB:.2f} / {d['copy_s']:.3f}",
     ]
     return "| " + " | ".join(cells) + " |"
 
@@ -92,15 +109,22 @@ def _resident(chips: int, host: int) -> str:
     return f"{chips / GIB:.1f}" + (f" + {host / GIB:.1f} (host)" if host else "")
 
 
+DECODE_HEADER = (
+    "| target | sampler group (chips) | weight all-gathers per token: count / GiB per chip | "
+    "GiB read per chip per decode step | tokens/s per chip (roofline) | sampling copy: GiB per "
+    "chip / s |"
+)
+
+
 def main(argv: list[str]) -> None:
     """Compiles every target and prints the table."""
     del argv
     header = (
         "| target | chips, GiB each | rows: rollout chunk / micro-step | resident: params / "
-        "optimizer / reference / KV cache | update | log-probs | prefill | decode | fits | "
-        "estimate: update / rollout per step, 72 steps |"
+        "optimizer / reference / KV cache / sampling copy | update | log-probs | sampling copy | "
+        "prefill | decode | fits | estimate: update / rollout per step, 72 steps |"
     )
-    lines = [header, "|" + " --- |" * 10]
+    lines, decode = [header, "|" + " --- |" * 11], []
     for target in FLAGS.targets:
         report = compile_target(target)
         print(
@@ -108,7 +132,8 @@ def main(argv: list[str]) -> None:
             flush=True,
         )
         lines.append(row(target, report))
-    print("\n".join(lines))
+        decode.append(decode_row(target, report))
+    print("\n".join(lines + ["", DECODE_HEADER, "|" + " --- |" * 6, *decode]))
 
 
 if __name__ == "__main__":

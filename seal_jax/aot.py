@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import collections
 import dataclasses
-import itertools
 import json
 import math
 import os
@@ -233,22 +232,23 @@ def collectives(hlo_text: str) -> collections.Counter:
 
 
 def weight_gathers_per_token(hlo_text: str, params: Any) -> dict:
-    """The all-gathers of parameters a decode program runs per generated token: those inside
-    its token loop (the while loops outside any other) whose result has a parameter's per-layer
-    shape, its local shard's, or a mix (dimension by dimension), counted once per trip of the
-    loops inside the token loop (the layer scan). Returns {"count", "bytes"} per device."""
-    weight_shapes = set()
-    for path, x in jax.tree_util.tree_flatten_with_path(params)[0]:
-        shard = x.sharding.shard_shape(x.shape)
-        stacked = sharding.path_str(path).startswith("layers/")  # a leading layer axis
-        full, local = (x.shape[1:], shard[1:]) if stacked else (x.shape, shard)
-        weight_shapes |= set(itertools.product(*zip(full, local))) - {tuple(local)}
+    """The parameter-sized all-gathers a decode program runs per generated token: those inside
+    its token loop (the while loops outside any other) whose result holds at least as many
+    elements as the smallest weight matrix's per-layer shard on a chip (gathered weights come
+    sliced, reshaped or transposed, so sizes are compared, not shapes), counted once per trip
+    of the loops inside the token loop (the layer scan). Returns {"count", "bytes"} per chip."""
+    matrices = [  # per-layer shards of the weight matrices (stacked ones carry a layer axis)
+        x.sharding.shard_shape(x.shape)[-2:]
+        for path, x in jax.tree_util.tree_flatten_with_path(params)[0]
+        if x.ndim - sharding.path_str(path).startswith("layers/") == 2
+    ]
+    smallest = min(math.prod(shape) for shape in matrices)
     computations = _computations(hlo_text)
     count = nbytes = 0
     for body in _outer_loop_bodies(computations, _entry(hlo_text)):
         for comp, trips in _reachable(computations, body):
             for dtype, dims in _all_gathers(computations[comp]):
-                if tuple(dims) in weight_shapes:
+                if math.prod(dims) >= smallest:
                     count += trips
                     nbytes += trips * math.prod(dims) * _HLO_BYTES[dtype]
     return {"count": count, "bytes": nbytes}
@@ -295,17 +295,29 @@ def _outer_loop_bodies(computations: dict[str, list[str]], root: str) -> list[st
 
 def _reachable(computations: dict[str, list[str]], root: str) -> list[tuple[str, int]]:
     """(computation, times it runs per run of root) for root and everything it calls; a while
-    loop's body and condition count its known trip count."""
+    loop's body and condition count its trip count (`_trip_count`)."""
     out, stack = [], [(root, 1)]
     while stack:
         comp, times = stack.pop()
         out.append((comp, times))
         for line in computations.get(comp, []):
-            trips = re.search(r'"known_trip_count":\{"n":"(\d+)"', line)
-            inner = times * int(trips.group(1)) if trips and " while(" in line else times
+            inner = times * _trip_count(computations, line) if " while(" in line else times
             stack += [(name, times) for name in _called(line, _CALLEES)]
             stack += [(name, inner) for name in _called(line, _LOOPS)]
     return out
+
+
+def _trip_count(computations: dict[str, list[str]], while_line: str) -> int:
+    """A while loop's trip count: XLA's known_trip_count, else the one integer constant its
+    condition compares against (a scan's length), else 1."""
+    known = re.search(r'"known_trip_count":\{"n":"(\d+)"', while_line)
+    if known:
+        return int(known.group(1))
+    condition = _called(while_line, "condition")
+    lines = computations.get(condition[0], []) if condition else []
+    scalar = r"s32\[\]\S* constant\((\d+)\)"
+    constants = {int(c) for line in lines for c in re.findall(scalar, line)}
+    return constants.pop() if len(constants) == 1 else 1
 
 
 def _all_gathers(lines: list[str]) -> list[tuple[str, list[int]]]:
@@ -467,7 +479,7 @@ def check(config: Any, cfg: QwenConfig, workdir: str, topology: str | None = Non
     report["decode_weight_gathers_per_token"] = gathers
     hosts = len({d.process_index for d in devices})
     report["estimate"] = estimate.step_estimate(
-        config, cfg, devices[0].device_kind, len(devices), hosts
+        config, cfg, devices[0].device_kind, len(devices), hosts, gathers.get("bytes", 0)
     )
     if jax.process_index() == 0:  # every process compiles the same programs
         os.makedirs(workdir, exist_ok=True)
@@ -562,7 +574,7 @@ def format_table(report: dict) -> str:
         )
         lines.append(
             f"decode ({layout}): {d['bytes_per_chip_per_step'] / GIB:.2f} GiB read per chip per "
-            f"step at the roofline, {d['tokens_per_s_per_chip']:.0f} tokens/s per chip; sampling "
+            f"step, {d['tokens_per_s_per_chip']:.0f} tokens/s per chip; sampling "
             f"copy {d['copy_s']:.2f} s"
         )
     gathers = report.get("decode_weight_gathers_per_token")

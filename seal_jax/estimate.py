@@ -62,11 +62,18 @@ def forward_flops(cfg: QwenConfig, rows: int, length: int) -> float:
 
 
 def step_estimate(
-    config: Any, cfg: QwenConfig, device_kind: str, chips: int, hosts: int = 1
+    config: Any,
+    cfg: QwenConfig,
+    device_kind: str,
+    chips: int,
+    hosts: int = 1,
+    gathered_bytes_per_token: float = 0.0,
 ) -> dict:
     """Seconds of the update and of the rollout of one training step at the config's sizes on
     `chips` chips of `hosts` hosts, of the paper's 72 steps, and the decode figures per chip;
-    {} for a device kind without figures (e.g. CPU)."""
+    {} for a device kind without figures (e.g. CPU). gathered_bytes_per_token: the weights the
+    compiled decode loop all-gathers per token per chip (`seal_jax.aot`), which bound a decode
+    step from below at the interconnect's bandwidth."""
     if device_kind not in CHIPS:
         return {}
     chip = CHIPS[device_kind]
@@ -75,7 +82,7 @@ def step_estimate(
     passes = 4 + (config.rl.old_logprobs == "recompute") + (config.rl.kl_coef > 0)
     update_flops = passes * forward_flops(cfg, rows, length)
     update_s = update_flops / (chips * chip.peak_flops * MFU_ASSUMED)
-    decode = decode_estimate(config, cfg, chip, chips, hosts)
+    decode = decode_estimate(config, cfg, chip, chips, hosts, gathered_bytes_per_token)
     generated = length // 2
     rollout_s = decode["chunks_per_host"] * generated * decode["step_s"] + decode["copy_s"]
     return {
@@ -89,10 +96,13 @@ def step_estimate(
     }
 
 
-def decode_estimate(config: Any, cfg: QwenConfig, chip: Chip, chips: int, hosts: int) -> dict:
+def decode_estimate(
+    config: Any, cfg: QwenConfig, chip: Chip, chips: int, hosts: int, gathered: float = 0.0
+) -> dict:
     """Per decode step of a rollout chunk, at half the context on average: bytes each chip
-    reads, seconds at full HBM bandwidth, tokens per second per chip; the sampling copy's
-    seconds; and the chunks each host runs one after another."""
+    reads, seconds (full HBM bandwidth, or the interconnect's for `gathered` bytes of weights
+    all-gathered per chip, whichever is slower), tokens per second per chip; the sampling
+    copy's seconds; and the chunks each host runs one after another."""
     group = config.rollout.sampler_tensor or (chips // hosts if hosts > 1 else 0)
     kv_bytes_per_token = 2 * cfg.num_layers * cfg.num_kv_heads * cfg.head_dim * 2  # k, v bf16
     weights = 2 * matmul_parameters(cfg)  # bf16
@@ -106,7 +116,7 @@ def decode_estimate(config: Any, cfg: QwenConfig, chip: Chip, chips: int, hosts:
     step_bytes = (
         weights + rows_per_group * kv_bytes_per_token * config.rollout.context_limit / 2
     ) / readers
-    step_s = step_bytes / chip.hbm_bandwidth
+    step_s = max(step_bytes / chip.hbm_bandwidth, gathered / chip.ici_bandwidth)
     return {
         "sampler_group_chips": group,
         "bytes_per_chip_per_step": step_bytes,
