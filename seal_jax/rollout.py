@@ -16,7 +16,9 @@ with `seal_jax.chat.ChatFormat`); the finished sequence of a row is exactly prom
 
 Device side: pure functions (`new_cache`, `prefill`, `decode_segment`, `relayout_cache`), jitted
 by the engine with explicit shardings, one compiled program per bucket shape, counted and logged:
-  * Cache: the model's KV cache with a per-row write pointer (`init_cache(per_row=True)`), so a
+  * Cache: the model's KV cache with a per-row write pointer (`init_cache(per_row=True)`; for
+    Qwen3.5 also the linear layers' convolution and recurrent states, whose size does not depend
+    on the history, moved with their rows like the keys and values), so a
     row's slot equals its token position and rows of any raggedness share one cache of
     `cache_len` slots: the smallest power of two or 1.5x a power of two (capped at the context
     limit) holding the longest live row plus its turn budget, so attention reads at most a third
@@ -55,8 +57,9 @@ from absl import logging
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from seal_jax.models.config import QwenConfig
-from seal_jax.models.qwen import CACHE_AXES, Cache, Qwen, init_cache
+from seal_jax.models.config import Qwen35Config, QwenConfig
+from seal_jax.models.qwen import Cache, init_cache, model_class
+from seal_jax.models.qwen35 import CACHE_AXES_35
 from seal_jax.sampler import SamplingParams, sample
 from seal_jax.sharding import BATCH_AXES
 from seal_jax.weight_sync import SamplingLayout
@@ -177,7 +180,7 @@ def _pow2_at_least(n: int, minimum: int = 1) -> int:
 PROGRAMS = ("new_cache", "prefill", "decode", "relayout")
 
 
-def new_cache(batch: int, length: int, *, cfg: QwenConfig, dtype: Any) -> Cache:
+def new_cache(batch: int, length: int, *, cfg: QwenConfig | Qwen35Config, dtype: Any) -> Cache:
     """An empty KV cache of `batch` rows and `length` slots with a write pointer per row."""
     return init_cache(cfg, batch, length, dtype, per_row=True)
 
@@ -189,7 +192,7 @@ def prefill(
     ids: jax.Array,
     lengths: jax.Array,
     *,
-    cfg: QwenConfig,
+    cfg: QwenConfig | Qwen35Config,
     compute_dtype: Any,
 ) -> tuple[Cache, jax.Array]:
     """Appends right-padded ids [B, T] (lengths [B]) to the cache.
@@ -197,7 +200,7 @@ def prefill(
     Returns the cache and the next-token logits [B, V] float32 after each row's last new token
     (the given `logits` [B, V] where lengths == 0).
     """
-    model = Qwen(cfg, dtype=compute_dtype)
+    model = model_class(cfg)(cfg, dtype=compute_dtype)
     t = ids.shape[1]
     positions = cache["index"][:, None] + jnp.arange(t)
     mask = jnp.arange(t) < lengths[:, None]
@@ -216,7 +219,7 @@ def decode_segment(
     budget: jax.Array,
     stop_ids: jax.Array,
     *,
-    cfg: QwenConfig,
+    cfg: QwenConfig | Qwen35Config,
     compute_dtype: Any,
     sampling: SamplingParams,
     segment_len: int,
@@ -227,7 +230,7 @@ def decode_segment(
     Returns the cache (all sampled tokens but each row's last are written) and
     {"ids", "sampling_logprobs", "policy_logprobs": [B, segment_len], "count": [B]}.
     """
-    model = Qwen(cfg, dtype=compute_dtype)
+    model = model_class(cfg)(cfg, dtype=compute_dtype)
     b, m = logits.shape[0], segment_len
     out = {
         "ids": jnp.zeros((b, m), jnp.int32),
@@ -290,7 +293,7 @@ def relayout_cache(caches: tuple[Cache, ...], rows: jax.Array, length: int) -> C
         widths[slot_axis] = (0, length - x.shape[slot_axis])
         return jnp.pad(x, widths)
 
-    return {name: gather(name, *axes) for name, axes in CACHE_AXES.items()}
+    return {name: gather(name, *CACHE_AXES_35[name]) for name in caches[0]}
 
 
 def params_layout(params: Any) -> tuple[Any, tuple[Any, ...]]:
@@ -309,7 +312,7 @@ class RolloutEngine:
 
     def __init__(
         self,
-        cfg: QwenConfig,
+        cfg: QwenConfig | Qwen35Config,
         mesh: Mesh,
         config: EngineConfig,
         compute_dtype: Any = jnp.float32,
@@ -331,6 +334,10 @@ class RolloutEngine:
             "mask": NamedSharding(mesh, P(BATCH_AXES, None)),
             "index": NamedSharding(mesh, P(BATCH_AXES)),
         }
+        if isinstance(cfg, Qwen35Config):  # the linear layers' states: rows over the batch axes
+            for name, ndim in (("conv", 4), ("state", 5)):
+                spec = P(None, BATCH_AXES, *[None] * (ndim - 2))
+                self._cache_sharding[name] = NamedSharding(mesh, spec)
         self._rows_2d = NamedSharding(mesh, P(BATCH_AXES, None))
         self._rows_1d = NamedSharding(mesh, P(BATCH_AXES))
         self._programs: dict[tuple[str, Hashable], Any] = {}  # (name, variant) -> jitted program

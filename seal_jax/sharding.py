@@ -40,6 +40,13 @@ PARAM_RULES: tuple[tuple[str, tuple[Any, ...]], ...] = (
     (r"(q_proj|k_proj|v_proj)/bias$", ("tensor",)),
     (r"(o_proj|down_proj)/kernel$", ("tensor", "fsdp")),
     (r"(norm|layernorm)/scale$", (None,)),
+    # Qwen3.5's linear-attention layers: FSDP only. Their projections feed a convolution over
+    # [q | k | v] and per-head gates that would split unevenly over heads (transformers' own
+    # tensor-parallel plan gathers these outputs too); they are a small share of the weights.
+    (r"(in_proj_qkv|in_proj_z|in_proj_a|in_proj_b)/kernel$", ("fsdp", None)),
+    (r"out_proj/kernel$", (None, "fsdp")),
+    (r"conv1d/weight$", (None, None, None)),
+    (r"linear_attn/(A_log|dt_bias)$", (None,)),
 )
 
 

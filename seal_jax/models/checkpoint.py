@@ -12,17 +12,19 @@ import functools
 import json
 import os
 import shutil
+from collections.abc import Callable
 from typing import Any
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+from absl import logging
 from jax.experimental import multihost_utils
 from jax.sharding import Mesh
 
 from seal_jax import sharding
 from seal_jax.models import qwen
-from seal_jax.models.config import CheckpointError, QwenConfig
+from seal_jax.models.config import CheckpointError, Qwen35Config, QwenConfig, architecture_from_dir
 from seal_jax.models.safetensors_io import SafetensorsFile, open_checkpoint, write_safetensors
 
 TOKENIZER_FILES = (
@@ -39,6 +41,11 @@ TOKENIZER_FILES = (
 )
 # Tensors some checkpoints carry that the computation does not need.
 _IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
+# Parts of a Qwen3.5 checkpoint that are not its language model: the vision tower and the
+# multi-token-prediction head (transformers' Qwen3_5ForCausalLM skips them too).
+_QWEN35_OTHER_PREFIXES = ("model.visual.", "mtp.")
+# Qwen3.5 parameters that are checkpoint tensors under their own name (no `.weight`).
+_QWEN35_BARE = ("A_log", "dt_bias")
 # The transformers class of each model type, for a config.json written from the fields alone.
 _ARCHITECTURES = {
     "qwen2": "Qwen2ForCausalLM",
@@ -68,23 +75,54 @@ def _hf_tensor(path: tuple[str, ...], num_layers: int) -> _HFTensor:
     return _HFTensor((f"model.{'.'.join(mid)}.{suffix}",), leaf == "kernel")
 
 
+def _hf_tensor_qwen35(path: tuple[str, ...], cfg: Qwen35Config, prefix: str) -> _HFTensor:
+    """HF tensor name(s) of the Qwen3.5 parameter at `path`: pattern position j of the layer
+    scan (`layers/l{j}/...`, see `qwen35`) holds HF layers j, j + p, j + 2p, ... (p the length of
+    the pattern); the text model's tensors start with `prefix`."""
+    if path == ("lm_head",):
+        return _HFTensor(("lm_head.weight",), True)
+    *mid, leaf = path
+    name = ".".join([*mid, leaf if leaf in _QWEN35_BARE else "weight"])
+    if mid[0] != "layers":
+        return _HFTensor((prefix + name,), leaf == "kernel")
+    p = len(cfg.layer_pattern)
+    j, rest = int(mid[1][1:]), name.split(".", 2)[2]
+    names = tuple(f"{prefix}layers.{g * p + j}.{rest}" for g in range(cfg.num_layers // p))
+    return _HFTensor(names, leaf == "kernel")
+
+
+def tensor_names(
+    cfg: QwenConfig | Qwen35Config, prefix: str | None = None
+) -> Callable[[tuple[str, ...]], _HFTensor]:
+    """Maps a parameter path to its HF tensor(s) for the architecture; prefix (Qwen3.5 only):
+    where the text model's tensors live (default: where the loaded checkpoint had them)."""
+    if isinstance(cfg, Qwen35Config):
+        return functools.partial(
+            _hf_tensor_qwen35, cfg=cfg, prefix=cfg.weight_prefix if prefix is None else prefix
+        )
+    return functools.partial(_hf_tensor, num_layers=cfg.num_layers)
+
+
 def _leaf_paths(tree: Any) -> list[tuple[tuple[str, ...], Any]]:
     leaves = jax.tree_util.tree_leaves_with_path(tree)
     return [(tuple(str(k.key) for k in p), x) for p, x in leaves]
 
 
-def param_shapes(cfg: QwenConfig, dtype: Any = jnp.float32) -> Any:
+def param_shapes(cfg: QwenConfig | Qwen35Config, dtype: Any = jnp.float32) -> Any:
     """The parameter pytree as ShapeDtypeStructs (no memory allocated)."""
     return jax.eval_shape(
         functools.partial(qwen.init_params, cfg, param_dtype=dtype), jax.random.key(0)
     )
 
 
-def _check_tensors(cfg: QwenConfig, shapes: Any, tensors: dict[str, SafetensorsFile]) -> None:
+def _check_tensors(
+    cfg: QwenConfig | Qwen35Config, shapes: Any, tensors: dict[str, SafetensorsFile]
+) -> None:
     """Raises CheckpointError for a missing, misshaped or unexpected tensor, naming its file."""
     expected = set()
+    names_of = tensor_names(cfg)
     for path, leaf in _leaf_paths(shapes):
-        hf = _hf_tensor(path, cfg.num_layers)
+        hf = names_of(path)
         own = leaf.shape[1:] if path[0] == "layers" else leaf.shape
         want = tuple(reversed(own)) if hf.transpose else tuple(own)
         for name in hf.names:
@@ -97,9 +135,21 @@ def _check_tensors(cfg: QwenConfig, shapes: Any, tensors: dict[str, SafetensorsF
                     f"{tensors[name].path}: tensor {name} has shape {got}, config.json implies "
                     f"{want}"
                 )
+    others = [
+        n for n in tensors if isinstance(cfg, Qwen35Config) and n.startswith(_QWEN35_OTHER_PREFIXES)
+    ]
+    if others:
+        logging.info(
+            "qwen3_5 checkpoint: loading the language model; ignoring %d vision-tower / "
+            "multi-token-prediction tensors (%s...)",
+            len(others),
+            others[0],
+        )
     for name, f in tensors.items():
-        benign = name.endswith(_IGNORED_SUFFIXES) or (
-            name == "lm_head.weight" and cfg.tie_word_embeddings
+        benign = (
+            name.endswith(_IGNORED_SUFFIXES)
+            or (name == "lm_head.weight" and cfg.tie_word_embeddings)
+            or name in others
         )
         if name not in expected and not benign:
             raise CheckpointError(
@@ -131,14 +181,15 @@ class LoadedModel:
     """A Qwen or Llama checkpoint loaded onto a mesh.
 
     Attributes:
-      config: the architecture (QwenConfig, includes the original config.json as hf_config).
+      config: the architecture (QwenConfig, or Qwen35Config for Qwen3.5; includes the original
+        config.json as hf_config).
       params: parameter pytree of jax.Arrays, each with a NamedSharding on `mesh`.
       mesh: the device mesh the parameters live on.
       path: the directory it was loaded from.
       compute_dtype: dtype of activations/matmuls used by `logits` and `token_logprobs`.
     """
 
-    config: QwenConfig
+    config: QwenConfig | Qwen35Config
     params: Any
     mesh: Mesh
     path: str
@@ -175,7 +226,8 @@ def load_hf_checkpoint(
     dtype: Any = jnp.float32,
     compute_dtype: Any = None,
 ) -> LoadedModel:
-    """Loads a Hugging Face Qwen2/Qwen2.5/Qwen3/Llama 3 safetensors directory onto a device mesh.
+    """Loads a Hugging Face Qwen2/Qwen2.5/Qwen3/Qwen3.5/Llama 3 safetensors directory onto a
+    device mesh (of a Qwen3.5 vision-language checkpoint, the language model).
 
     Args:
       path: local directory with config.json and model.safetensors (or sharded files with
@@ -192,16 +244,17 @@ def load_hf_checkpoint(
       CheckpointError: missing directory/config/shard, truncated or corrupt file, shape mismatch,
         unknown or unsupported architecture; the message names the file and the problem.
     """
-    cfg = QwenConfig.from_dir(path)
+    cfg = architecture_from_dir(path)
     tensors = open_checkpoint(path)
     mesh = mesh or sharding.single_device_mesh()
     shapes = param_shapes(cfg, dtype)
     _check_tensors(cfg, shapes, tensors)
     shardings = sharding.param_shardings(shapes, mesh)
+    names_of = tensor_names(cfg)
 
     def load_leaf(path_keys: tuple[Any, ...], leaf: Any, shard: Any) -> jax.Array:
         keys = tuple(str(k.key) for k in path_keys)
-        hf = _hf_tensor(keys, cfg.num_layers)
+        hf = names_of(keys)
         read = _reader(hf, tensors, keys[0] == "layers", leaf.dtype)
         return jax.make_array_from_callback(leaf.shape, shard, read)
 
@@ -216,8 +269,10 @@ def _to_host(x: jax.Array) -> np.ndarray:
     return np.asarray(jax.device_get(x))
 
 
-def hf_config_dict(cfg: QwenConfig, dtype_name: str) -> dict[str, Any]:
+def hf_config_dict(cfg: QwenConfig | Qwen35Config, dtype_name: str) -> dict[str, Any]:
     """config.json content for `cfg`: the loaded one when known, else built from the fields."""
+    if isinstance(cfg, Qwen35Config):
+        return _qwen35_config_dict(cfg, dtype_name)
     d = dict(cfg.hf_config) or {
         "model_type": cfg.model_type,
         "architectures": [_ARCHITECTURES[cfg.model_type]],
@@ -243,6 +298,43 @@ def hf_config_dict(cfg: QwenConfig, dtype_name: str) -> dict[str, Any]:
     return d
 
 
+def _qwen35_config_dict(cfg: Qwen35Config, dtype_name: str) -> dict[str, Any]:
+    """config.json of a text-only Qwen3.5 causal LM (`qwen3_5_text`, Qwen3_5ForCausalLM): the
+    loaded text config, or one built from the fields."""
+    d = dict(cfg.hf_config) or {
+        "vocab_size": cfg.vocab_size,
+        "hidden_size": cfg.hidden_size,
+        "intermediate_size": cfg.intermediate_size,
+        "num_hidden_layers": cfg.num_layers,
+        "num_attention_heads": cfg.num_heads,
+        "num_key_value_heads": cfg.num_kv_heads,
+        "head_dim": cfg.head_dim,
+        "rms_norm_eps": cfg.rms_norm_eps,
+        "max_position_embeddings": cfg.max_position_embeddings,
+        "hidden_act": "silu",
+        "attention_bias": False,
+        "rope_parameters": {
+            "rope_type": "default",
+            "rope_theta": cfg.rope_theta,
+            "partial_rotary_factor": cfg.rotary_dim / cfg.head_dim,
+        },
+        "layer_types": list(cfg.layer_types),
+        "linear_conv_kernel_dim": cfg.conv_kernel,
+        "linear_num_key_heads": cfg.linear_num_key_heads,
+        "linear_num_value_heads": cfg.linear_num_value_heads,
+        "linear_key_head_dim": cfg.linear_key_head_dim,
+        "linear_value_head_dim": cfg.linear_value_head_dim,
+    }
+    d.update(
+        model_type="qwen3_5_text",
+        architectures=["Qwen3_5ForCausalLM"],
+        tie_word_embeddings=cfg.tie_word_embeddings,
+        dtype=dtype_name,
+    )
+    d.pop("torch_dtype", None)
+    return d
+
+
 def save_hf_checkpoint(
     path: str,
     params: Any,
@@ -258,7 +350,8 @@ def save_hf_checkpoint(
       path: output directory (created).
       params: parameter pytree (possibly sharded, possibly across processes: every process must
         call this; only process 0 writes).
-      config: the architecture; its original config.json is reused when it was loaded from one.
+      config: the architecture; its original config.json is reused when it was loaded from one
+        (a Qwen3.5 model is written as the text-only causal LM, `qwen3_5_text`).
       dtype: "bfloat16", "float16" or "float32" for the saved tensors.
       tokenizer_dir: directory whose tokenizer / chat-template / generation files are copied.
       max_shard_bytes: above this the weights are split into shards with an index file.
@@ -266,8 +359,9 @@ def save_hf_checkpoint(
     np_dtype = np.dtype(jnp.dtype(dtype))
     leaves = {keys: leaf for keys, leaf in _leaf_paths(params)}
     entries = []  # (hf name, hf shape, source leaf path, layer index or None)
+    names_of = tensor_names(config, prefix="model.")
     for keys, leaf in leaves.items():
-        hf = _hf_tensor(keys, config.num_layers)
+        hf = names_of(keys)
         stacked = keys[0] == "layers"
         own = leaf.shape[1:] if stacked else leaf.shape
         shape = tuple(reversed(own)) if hf.transpose else tuple(own)

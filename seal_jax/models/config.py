@@ -186,3 +186,200 @@ def _refuse_unsupported(d: dict[str, Any], source: str) -> None:
     for key in ("num_experts", "num_local_experts", "moe_intermediate_size"):
         if d.get(key):
             raise CheckpointError(f"{source}: mixture-of-experts ({key}) is not supported")
+
+
+# Qwen3.5: `qwen3_5` is the vision-language checkpoint (its text model under `text_config`),
+# `qwen3_5_text` the text-only causal LM that transformers' Qwen3_5ForCausalLM writes.
+QWEN35_MODEL_TYPES = ("qwen3_5", "qwen3_5_text")
+LINEAR_ATTENTION, FULL_ATTENTION = "linear_attention", "full_attention"
+
+
+@dataclasses.dataclass(frozen=True)
+class Qwen35Config:
+    """Architecture hyper-parameters of Qwen3.5's text model: Gated DeltaNet linear-attention
+    layers and gated full-attention layers (output gate, partial rotary), in `layer_types` order.
+
+    rotary_dim: leading dims of each head that RoPE rotates (head_dim * partial_rotary_factor).
+    linear_chunk: positions per chunk of the chunked (training) form of the linear attention; a
+      setting of ours, not of the checkpoint (the result does not depend on it).
+    weight_prefix: where the text model's tensors live in the checkpoint ("model." for the causal
+      LM, "model.language_model." for the vision-language one).
+    """
+
+    model_type: str
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    rope_theta: float
+    rms_norm_eps: float
+    tie_word_embeddings: bool
+    max_position_embeddings: int
+    rotary_dim: int
+    layer_types: tuple[str, ...]
+    conv_kernel: int
+    linear_num_key_heads: int
+    linear_num_value_heads: int
+    linear_key_head_dim: int
+    linear_value_head_dim: int
+    linear_chunk: int = 64
+    weight_prefix: str = "model."
+    hf_config: dict = dataclasses.field(default_factory=dict, compare=False, repr=False)
+    # What the shared Qwen code paths (MLP, estimates) read; fixed for this family.
+    qkv_bias = False
+    qk_norm = True
+    rope_scaling = None
+
+    @property
+    def layer_pattern(self) -> tuple[str, ...]:
+        """The shortest run of layer types whose repetition is `layer_types` (the model scans
+        over its repetitions; Qwen3.5's default is three linear layers then one full)."""
+        n = self.num_layers
+        for p in range(1, n + 1):
+            if n % p == 0 and self.layer_types == self.layer_types[:p] * (n // p):
+                return self.layer_types[:p]
+        raise AssertionError("unreachable: p = num_layers always repeats")
+
+    @property
+    def num_linear_layers(self) -> int:
+        """How many layers are linear attention."""
+        return self.layer_types.count(LINEAR_ATTENTION)
+
+    @property
+    def num_full_layers(self) -> int:
+        """How many layers are full attention (the layers with a KV cache)."""
+        return self.layer_types.count(FULL_ATTENTION)
+
+    @property
+    def conv_dim(self) -> int:
+        """Channels of the linear layers' convolution: queries, keys and values together."""
+        key_dim = self.linear_num_key_heads * self.linear_key_head_dim
+        return 2 * key_dim + self.linear_num_value_heads * self.linear_value_head_dim
+
+    @classmethod
+    def from_hf_dict(cls, d: dict[str, Any], source: str = "config.json") -> Qwen35Config:
+        """Builds the config from a parsed HF config dict (`qwen3_5` with a `text_config`, or
+        `qwen3_5_text`); raises CheckpointError if unsupported."""
+        if d.get("model_type") not in QWEN35_MODEL_TYPES:
+            raise CheckpointError(f"{source}: model_type {d.get('model_type')!r} is not Qwen3.5")
+        vision = d["model_type"] == "qwen3_5"
+        text = dict(d.get("text_config") or {}) if vision else dict(d)
+        if vision and not text:
+            raise CheckpointError(f"{source}: a qwen3_5 config needs a text_config")
+        if vision:  # the language model's head is tied (or not) by the outer config
+            text["tie_word_embeddings"] = d.get("tie_word_embeddings", False)
+        _refuse_unsupported_qwen35(text, source)
+        try:
+            cfg = cls(**_qwen35_fields(text), hf_config=text)
+        except KeyError as e:
+            raise CheckpointError(f"{source}: required field {e.args[0]!r} is missing") from None
+        cfg = dataclasses.replace(
+            cfg, weight_prefix="model.language_model." if vision else "model."
+        )
+        _check_qwen35(cfg, source)
+        return cfg
+
+
+def _qwen35_fields(t: dict[str, Any]) -> dict[str, Any]:
+    """The Qwen35Config fields from a text config dict (transformers' defaults where absent)."""
+    layers, heads = int(t["num_hidden_layers"]), int(t["num_attention_heads"])
+    head_dim = int(t.get("head_dim") or 256)
+    rope = t.get("rope_parameters") or {}
+    partial = rope.get("partial_rotary_factor", t.get("partial_rotary_factor", 0.25))
+    interval = int(t.get("full_attention_interval", 4))
+    default_types = [
+        LINEAR_ATTENTION if (i + 1) % interval else FULL_ATTENTION for i in range(layers)
+    ]
+    return dict(
+        model_type="qwen3_5_text",
+        vocab_size=int(t["vocab_size"]),
+        hidden_size=int(t["hidden_size"]),
+        intermediate_size=int(t["intermediate_size"]),
+        num_layers=layers,
+        num_heads=heads,
+        num_kv_heads=int(t.get("num_key_value_heads") or heads),
+        head_dim=head_dim,
+        rope_theta=float(_rope_theta(t)),
+        rms_norm_eps=float(t.get("rms_norm_eps", 1e-6)),
+        tie_word_embeddings=bool(t.get("tie_word_embeddings", False)),
+        max_position_embeddings=int(t.get("max_position_embeddings", 32768)),
+        rotary_dim=int(head_dim * float(partial)),
+        layer_types=tuple(t.get("layer_types") or default_types),
+        conv_kernel=int(t.get("linear_conv_kernel_dim", 4)),
+        linear_num_key_heads=int(t.get("linear_num_key_heads", 16)),
+        linear_num_value_heads=int(t.get("linear_num_value_heads", 32)),
+        linear_key_head_dim=int(t.get("linear_key_head_dim", 128)),
+        linear_value_head_dim=int(t.get("linear_value_head_dim", 128)),
+    )
+
+
+def _refuse_unsupported_qwen35(t: dict[str, Any], source: str) -> None:
+    """Raises CheckpointError for text-config fields that change the computation and are not
+    built. mrope_section / mrope_interleaved are accepted: text tokens have the same position
+    on all three rotary streams, so multimodal RoPE reduces to the default one for them."""
+    if t.get("hidden_act", "silu") != "silu":
+        raise CheckpointError(f"{source}: hidden_act {t['hidden_act']!r} is not supported")
+    if t.get("attention_bias"):
+        raise CheckpointError(f"{source}: attention_bias=true is not supported for qwen3_5")
+    if not t.get("attn_output_gate", True):
+        raise CheckpointError(f"{source}: attn_output_gate=false is not supported for qwen3_5")
+    for key, _, rope_type in _rope_dicts(t):
+        if rope_type != "default":
+            raise CheckpointError(f"{source}: {key} type {rope_type!r} is not supported")
+    for key in ("num_experts", "num_local_experts", "moe_intermediate_size"):
+        if t.get(key):
+            raise CheckpointError(f"{source}: mixture-of-experts ({key}) is not supported")
+
+
+def _check_qwen35(cfg: Qwen35Config, source: str) -> None:
+    """Raises CheckpointError for inconsistent sizes or unknown layer types."""
+    unknown = set(cfg.layer_types) - {LINEAR_ATTENTION, FULL_ATTENTION}
+    if unknown:
+        raise CheckpointError(f"{source}: layer_types {sorted(unknown)} are not supported")
+    if len(cfg.layer_types) != cfg.num_layers:
+        raise CheckpointError(
+            f"{source}: layer_types has {len(cfg.layer_types)} entries for "
+            f"num_hidden_layers={cfg.num_layers}"
+        )
+    if cfg.num_heads % cfg.num_kv_heads:
+        raise CheckpointError(
+            f"{source}: num_attention_heads={cfg.num_heads} is not a multiple of "
+            f"num_key_value_heads={cfg.num_kv_heads}"
+        )
+    if cfg.linear_num_value_heads % cfg.linear_num_key_heads:
+        raise CheckpointError(
+            f"{source}: linear_num_value_heads={cfg.linear_num_value_heads} is not a multiple "
+            f"of linear_num_key_heads={cfg.linear_num_key_heads}"
+        )
+    if cfg.rotary_dim % 2 or not 0 < cfg.rotary_dim <= cfg.head_dim:
+        raise CheckpointError(
+            f"{source}: partial rotary gives {cfg.rotary_dim} rotary dims of head_dim "
+            f"{cfg.head_dim} (need an even number in 1..head_dim)"
+        )
+
+
+def read_config_json(path: str) -> tuple[dict[str, Any], str]:
+    """The parsed `<path>/config.json` and its file name; raises CheckpointError naming the
+    problem."""
+    if not os.path.isdir(path):
+        raise CheckpointError(f"checkpoint directory {path!r} does not exist")
+    file = os.path.join(path, "config.json")
+    if not os.path.isfile(file):
+        raise CheckpointError(f"{file}: missing (not a Hugging Face model directory)")
+    try:
+        with open(file) as f:
+            return json.load(f), file
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise CheckpointError(f"{file}: not valid JSON ({e})") from None
+
+
+def architecture_from_dir(path: str) -> QwenConfig | Qwen35Config:
+    """The architecture of the checkpoint at `path`: Qwen35Config for Qwen3.5, else QwenConfig
+    (Qwen2/Qwen3/Llama); raises CheckpointError if it is unsupported."""
+    d, file = read_config_json(path)
+    if d.get("model_type") in QWEN35_MODEL_TYPES:
+        return Qwen35Config.from_hf_dict(d, source=file)
+    return QwenConfig.from_hf_dict(d, source=file)

@@ -35,7 +35,7 @@ from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_ke
 from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_mask as splash_mask
 from jax.sharding import PartitionSpec as P
 
-from seal_jax.models.config import Llama3RopeScaling, QwenConfig
+from seal_jax.models.config import Llama3RopeScaling, Qwen35Config, QwenConfig
 from seal_jax.sharding import constrain, logical_spec, on_mesh
 
 Params = Any
@@ -620,13 +620,28 @@ def chunked_token_logprobs(
     return logp, (ent if with_entropy else None)
 
 
+def model_class(cfg: QwenConfig | Qwen35Config) -> type[nn.Module]:
+    """The Flax module of an architecture: `Qwen`, or `Qwen35` for Qwen3.5 (its own module,
+    `seal_jax.models.qwen35`, with the same interface)."""
+    if isinstance(cfg, Qwen35Config):
+        from seal_jax.models.qwen35 import Qwen35  # imports this module
+
+        return Qwen35
+    return Qwen
+
+
 def init_cache(
     cfg: QwenConfig, batch: int, length: int, dtype: Any = jnp.float32, per_row: bool = False
 ) -> Cache:
     """An empty KV cache for `batch` rows and `length` slots (nothing valid, index 0).
 
     per_row: give every row its own write pointer (`index` int32 [B]; see the module docstring).
+    A Qwen3.5 config gets its cache with the linear layers' states (`qwen35.init_cache`).
     """
+    if isinstance(cfg, Qwen35Config):
+        from seal_jax.models import qwen35
+
+        return qwen35.init_cache(cfg, batch, length, dtype, per_row)
     shape = (cfg.num_layers, batch, cfg.num_kv_heads, length, cfg.head_dim)
     return {
         "k": jnp.zeros(shape, dtype),
@@ -640,7 +655,7 @@ def init_params(
     cfg: QwenConfig, rng: jax.Array, param_dtype: Any = jnp.float32, seq_len: int = 8
 ) -> Params:
     """Random parameters (normal(0.02) kernels, unit norms) for tests and from-scratch models."""
-    model = Qwen(cfg, param_dtype=param_dtype)
+    model = model_class(cfg)(cfg, param_dtype=param_dtype)
     ids = jnp.zeros((1, seq_len), jnp.int32)
     variables = model.init(rng, ids, jnp.arange(seq_len)[None], jnp.ones((1, seq_len), bool))
     return variables["params"]
@@ -657,7 +672,7 @@ def forward_logits(
     dtype: Any = jnp.float32,
 ) -> tuple[jax.Array, Cache | None]:
     """float32 logits [B, T, V] for (input_ids, positions, mask) [B, T], and the updated cache."""
-    model = Qwen(cfg, dtype=dtype)
+    model = model_class(cfg)(cfg, dtype=dtype)
     return model.apply({"params": params}, input_ids, positions, mask, cache, method="logits")
 
 
@@ -686,7 +701,7 @@ def token_logprobs(
     shared by each group of consecutive rows, computed once per group (`SharedPrompt`); the
     rows' input_ids then hold only what follows it.
     """
-    model = Qwen(
+    model = model_class(cfg)(
         cfg,
         dtype=dtype,
         remat=remat,

@@ -1,0 +1,544 @@
+"""Flax (linen) Qwen3.5 text model: Gated DeltaNet linear-attention layers and gated
+full-attention layers, in the order of the config's `layer_types`.
+
+* Full attention (`self_attn`): Qwen3's GQA with q/k RMSNorm, plus an output gate (q_proj yields,
+  per head, the query and a gate; the attention output is multiplied by sigmoid(gate)) and
+  partial RoPE (only the first `rotary_dim` dims of each head rotate).
+* Linear attention (`linear_attn`): a causal depthwise convolution over [q | k | v] with SiLU,
+  L2-normalised q and k, and the gated delta rule
+      S_t = exp(g_t) S_{t-1} + k_t (beta_t (v_t - exp(g_t) S_{t-1}^T k_t))^T,   o_t = S_t^T q_t
+  with g_t = -exp(A_log) softplus(a_t + dt_bias) and beta_t = sigmoid(b_t), followed by an
+  RMSNorm gated by SiLU(z). Training runs the chunked parallel form (`chunked_delta_rule`, chunk
+  size `cfg.linear_chunk`); single-token decoding the recurrent one (`recurrent_delta_rule`).
+* RMSNorms other than the gated one scale by (1 + weight), as transformers' Qwen3_5RMSNorm.
+
+Padding never reaches the recurrent state: padded positions have zero q, k, v, beta and decay
+exp(0) = 1, so the state passes them unchanged, wherever they sit.
+
+Layers are scanned over repetitions of `cfg.layer_pattern` (Qwen3.5: three linear layers and one
+full, scanned eight times for 32 layers); the parameters of pattern position j are
+`layers/l{j}/...` with a leading repetition axis, so HF layer g * len(pattern) + j is entry g.
+
+Cache (`init_cache`): the Qwen KV cache of the full layers (`k`, `v`: [F, B, KVH, S, D], `mask`,
+`index`; see `seal_jax.models.qwen`) plus, per linear layer, `conv` [N, B, K-1, C] (the last K-1
+real convolution inputs) and `state` [N, B, Hv, Dk, Dv] (float32 recurrent state). Their size
+does not depend on the history length.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+from seal_jax.models.config import FULL_ATTENTION, LINEAR_ATTENTION, Qwen35Config
+from seal_jax.models.qwen import (
+    CACHE_AXES,
+    Cache,
+    Mlp,
+    SharedPrompt,
+    _dense,
+    apply_rope,
+    attention,
+    causal_attention,
+    chunked_token_logprobs,
+    splash_causal_attention,
+    write_cache,
+)
+from seal_jax.sharding import constrain
+
+Params = Any
+# (batch axis, slot axis) of each cache entry; the linear layers' states have no slot axis.
+CACHE_AXES_35 = {**CACHE_AXES, "conv": (1, None), "state": (1, None)}
+
+
+class OffsetRMSNorm(nn.Module):
+    """RMS normalisation in float32 scaled by (1 + weight) (weight initialised to zero)."""
+
+    eps: float
+    dtype: Any
+    param_dtype: Any
+
+    @nn.compact
+    def __call__(self, x: jax.Array) -> jax.Array:
+        """Normalises the last axis of x and returns it in the compute dtype."""
+        weight = self.param("scale", nn.initializers.zeros, (x.shape[-1],), self.param_dtype)
+        x32 = x.astype(jnp.float32)
+        y = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + self.eps)
+        return (y * (1.0 + weight.astype(jnp.float32))).astype(self.dtype)
+
+
+class GatedRMSNorm(nn.Module):
+    """RMS normalisation scaled by a weight and gated by SiLU(gate), in float32."""
+
+    eps: float
+    dtype: Any
+    param_dtype: Any
+
+    @nn.compact
+    def __call__(self, x: jax.Array, gate: jax.Array) -> jax.Array:
+        """Normalises the last axis of x, gated by gate (same shape)."""
+        weight = self.param("scale", nn.initializers.ones, (x.shape[-1],), self.param_dtype)
+        x32 = x.astype(jnp.float32)
+        y = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + self.eps)
+        y = weight.astype(jnp.float32) * y
+        return (y * nn.silu(gate.astype(jnp.float32))).astype(self.dtype)
+
+
+class Weight(nn.Module):
+    """A parameter named `weight` under the module's name (a checkpoint tensor used as is)."""
+
+    shape: tuple[int, ...]
+    initializer: Any
+    param_dtype: Any
+
+    @nn.compact
+    def __call__(self) -> jax.Array:
+        """The parameter."""
+        return self.param("weight", self.initializer, self.shape, self.param_dtype)
+
+
+def rope_tables(positions: jax.Array, cfg: Qwen35Config) -> tuple[jax.Array, jax.Array]:
+    """cos/sin tables [B, T, rotary_dim] (float32) for integer positions [B, T]."""
+    d = cfg.rotary_dim
+    inv_freq = 1.0 / (cfg.rope_theta ** (jnp.arange(0, d, 2, dtype=jnp.float32) / d))
+    freqs = positions.astype(jnp.float32)[..., None] * inv_freq
+    emb = jnp.concatenate([freqs, freqs], axis=-1)
+    return jnp.cos(emb), jnp.sin(emb)
+
+
+def apply_partial_rope(x: jax.Array, cos: jax.Array, sin: jax.Array) -> jax.Array:
+    """Rotates the first cos.shape[-1] dims of x [B, T, H, D]; the rest pass unchanged."""
+    d = cos.shape[-1]
+    return jnp.concatenate([apply_rope(x[..., :d], cos, sin), x[..., d:]], axis=-1)
+
+
+def l2norm(x: jax.Array, eps: float = 1e-6) -> jax.Array:
+    """x / sqrt(sum(x^2) + eps) over the last axis (the FLA library's form)."""
+    return x * jax.lax.rsqrt(jnp.sum(x * x, axis=-1, keepdims=True) + eps)
+
+
+def recurrent_delta_rule(
+    q: jax.Array, k: jax.Array, v: jax.Array, g: jax.Array, beta: jax.Array, state: jax.Array
+) -> tuple[jax.Array, jax.Array]:
+    """The gated delta rule one token at a time (float32).
+
+    q, k [B, T, H, Dk]; v [B, T, H, Dv]; g (log decay, <= 0), beta [B, T, H]; state
+    [B, H, Dk, Dv]. Returns (outputs [B, T, H, Dv], final state).
+    """
+
+    def step(s: jax.Array, xs: tuple[jax.Array, ...]) -> tuple[jax.Array, jax.Array]:
+        q_t, k_t, v_t, g_t, b_t = xs
+        s = s * jnp.exp(g_t)[..., None, None]
+        delta = (v_t - jnp.einsum("bhk,bhkv->bhv", k_t, s)) * b_t[..., None]
+        s = s + k_t[..., :, None] * delta[..., None, :]
+        return s, jnp.einsum("bhk,bhkv->bhv", q_t, s)
+
+    time_major = [x.swapaxes(0, 1) for x in (q, k, v, g, beta)]
+    state, out = jax.lax.scan(step, state, time_major)
+    return out.swapaxes(0, 1), state
+
+
+def chunked_delta_rule(
+    q: jax.Array,
+    k: jax.Array,
+    v: jax.Array,
+    g: jax.Array,
+    beta: jax.Array,
+    state: jax.Array,
+    chunk: int,
+) -> tuple[jax.Array, jax.Array]:
+    """The gated delta rule in chunks of `chunk` positions (float32): the same result as
+    `recurrent_delta_rule`, with matrix products inside a chunk and a scan across chunks.
+
+    Inside a chunk the delta rule's sequential updates are solved at once (the WY / UT form: a
+    unit lower-triangular system over the chunk's keys); the scan carries the state between
+    chunks. The sequence is zero-padded to whole chunks (beta = g = 0: no effect on the state).
+    """
+    b, t = k.shape[:2]
+    n = -(-t // chunk)
+    pad = n * chunk - t
+
+    def to_chunks(x: jax.Array) -> jax.Array:  # [B, T, H, ...] -> [N, B, H, C, ...]
+        x = jnp.pad(x, [(0, 0), (0, pad)] + [(0, 0)] * (x.ndim - 2))
+        return jnp.moveaxis(x.reshape(b, n, chunk, *x.shape[2:]), (1, 2), (0, 3))
+
+    q, k, v, g, beta = map(to_chunks, (q, k, v, g, beta))
+    cum = jnp.cumsum(g, axis=-1)  # log decay from the chunk's start through each position
+    causal = jnp.tril(jnp.ones((chunk, chunk), bool))
+    decay = jnp.exp(jnp.where(causal, cum[..., :, None] - cum[..., None, :], -jnp.inf))
+    k_beta = k * beta[..., None]
+    # Row i of the unit lower-triangular system couples token i's update to the earlier ones.
+    system = jnp.einsum("...id,...jd->...ij", k_beta, k) * decay
+
+    def solve(rhs: jax.Array) -> jax.Array:
+        return jax.lax.linalg.triangular_solve(
+            system, rhs, left_side=True, lower=True, unit_diagonal=True
+        )
+
+    values = solve(v * beta[..., None])  # the updates if the incoming state were zero
+    reads = solve(k_beta * jnp.exp(cum)[..., None])  # how each update reads the incoming state
+    intra = jnp.einsum("...id,...jd->...ij", q, k) * decay
+    q_decayed = q * jnp.exp(cum)[..., None]
+    k_decayed = k * jnp.exp(cum[..., -1:] - cum)[..., None]
+    chunk_decay = jnp.exp(cum[..., -1])[..., None, None]
+
+    def step(s: jax.Array, xs: tuple[jax.Array, ...]) -> tuple[jax.Array, jax.Array]:
+        values_c, reads_c, q_c, k_c, intra_c, decay_c = xs
+        updates = values_c - reads_c @ s
+        out = q_c @ s + intra_c @ updates
+        return s * decay_c + k_c.swapaxes(-1, -2) @ updates, out
+
+    xs = (values, reads, q_decayed, k_decayed, intra, chunk_decay)
+    state, out = jax.lax.scan(step, state, xs)  # out [N, B, H, C, Dv]
+    out = jnp.moveaxis(out, (0, 3), (1, 2)).reshape(b, n * chunk, *out.shape[2:3], -1)
+    return out[:, :t], state
+
+
+def last_real(x: jax.Array, mask: jax.Array, n: int) -> jax.Array:
+    """The last n entries of x [B, S, C] whose mask [B, S] is set, oldest first ([B, n, C])."""
+    rank = jnp.cumsum(mask, axis=1, dtype=jnp.int32)
+    slot = rank - (rank[:, -1:] - n) - 1  # where each real entry lands among the last n
+    pick = mask[..., None] & (slot[..., None] == jnp.arange(n))
+    # A one-hot sum: exactly the picked values (each output is one product by 1).
+    return jnp.einsum("bsn,bsc->bnc", pick.astype(x.dtype), x)
+
+
+class GatedDeltaNet(nn.Module):
+    """Qwen3.5's linear attention; see the module docstring."""
+
+    cfg: Qwen35Config
+    dtype: Any
+    param_dtype: Any
+
+    @nn.compact
+    def __call__(
+        self, x: jax.Array, layer_state: Any, ctx: dict
+    ) -> tuple[jax.Array, tuple[jax.Array, jax.Array] | None]:
+        """x [B,T,E] -> (output [B,T,E], new (conv, state) when layer_state (conv, state) is
+        given, else None)."""
+        cfg, dt, pdt = self.cfg, self.dtype, self.param_dtype
+        b, t, _ = x.shape
+        hk, hv = cfg.linear_num_key_heads, cfg.linear_num_value_heads
+        dk, dv = cfg.linear_key_head_dim, cfg.linear_value_head_dim
+        mask = ctx["key_mask"]
+        x = jnp.where(mask[..., None], x, 0).astype(dt)  # padding enters as zeros (as HF)
+        qkv = _dense(cfg.conv_dim, "in_proj_qkv", dt, pdt)(x)
+        z = _dense(hv * dv, "in_proj_z", dt, pdt)(x).reshape(b, t, hv, dv)
+        beta = nn.sigmoid(_dense(hv, "in_proj_b", dt, pdt)(x).astype(jnp.float32))
+        a = _dense(hv, "in_proj_a", dt, pdt)(x).astype(jnp.float32)
+        a_log = self.param("A_log", _a_log_init, (hv,), pdt)
+        dt_bias = self.param("dt_bias", nn.initializers.ones, (hv,), pdt)
+        g = -jnp.exp(a_log.astype(jnp.float32)) * jax.nn.softplus(a + dt_bias.astype(jnp.float32))
+        # Padding: no decay and no update, so the recurrent state passes it unchanged.
+        beta, g = jnp.where(mask[..., None], beta, 0.0), jnp.where(mask[..., None], g, 0.0)
+
+        k_conv = cfg.conv_kernel
+        init = nn.initializers.normal(k_conv**-0.5)
+        conv_w = Weight((cfg.conv_dim, 1, k_conv), init, pdt, name="conv1d")()[:, 0, :]
+        conv_in = layer_state[0].astype(dt) if layer_state is not None else None
+        if conv_in is None:
+            conv_in = jnp.zeros((b, k_conv - 1, cfg.conv_dim), dt)
+        joined = jnp.concatenate([conv_in, qkv], axis=1)  # [B, K-1+T, C]
+        conv = sum(
+            joined[:, i : i + t].astype(jnp.float32) * conv_w[:, i].astype(jnp.float32)
+            for i in range(k_conv)
+        )
+        conv = nn.silu(conv)  # stays float32: the delta rule runs in float32 (as transformers')
+        conv = jnp.where(mask[..., None], conv, 0.0)
+        key_dim = hk * dk
+        q = l2norm(conv[..., :key_dim].reshape(b, t, hk, dk)) * dk**-0.5
+        k = l2norm(conv[..., key_dim : 2 * key_dim].reshape(b, t, hk, dk))
+        v = conv[..., 2 * key_dim :].reshape(b, t, hv, dv)
+        # Each query/key head serves hv / hk consecutive value heads.
+        q, k = (jnp.repeat(y, hv // hk, axis=2) for y in (q, k))
+
+        state = jnp.zeros((b, hv, dk, dv), jnp.float32) if layer_state is None else layer_state[1]
+        if layer_state is not None and t == 1:
+            out, state = recurrent_delta_rule(q, k, v, g, beta, state)
+        else:
+            out, state = chunked_delta_rule(q, k, v, g, beta, state, cfg.linear_chunk)
+        # The float32 output goes into the norm (which is float32) without a rounding.
+        out = GatedRMSNorm(cfg.rms_norm_eps, dt, pdt, name="norm")(out, z)
+        out = _dense(cfg.hidden_size, "out_proj", dt, pdt)(out.reshape(b, t, hv * dv))
+        if layer_state is None:
+            return out, None
+        joined_mask = jnp.concatenate([jnp.ones((b, k_conv - 1), bool), mask], axis=1)
+        return out, (last_real(joined, joined_mask, k_conv - 1), state)
+
+
+def _a_log_init(key: jax.Array, shape: tuple[int, ...], dtype: Any) -> jax.Array:
+    """log(A) with A uniform in [0.01, 16] (transformers' initialisation)."""
+    return jnp.log(jax.random.uniform(key, shape, jnp.float32, 0.01, 16.0)).astype(dtype)
+
+
+class GatedAttention(nn.Module):
+    """Qwen3.5's full attention: GQA with q/k norms, partial RoPE and a sigmoid output gate."""
+
+    cfg: Qwen35Config
+    dtype: Any
+    param_dtype: Any
+    attn_chunk: int = 1024
+    attention: str = "xla"
+
+    @nn.compact
+    def __call__(self, x: jax.Array, layer_cache: Any, ctx: dict) -> tuple[jax.Array, Any]:
+        """x [B,T,E] -> (output [B,T,E], this call's (k, v) in the cache's layout, or None)."""
+        cfg, dt, pdt = self.cfg, self.dtype, self.param_dtype
+        b, t, _ = x.shape
+        h, kvh, hd = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+        q_gate = _dense(h * 2 * hd, "q_proj", dt, pdt)(x).reshape(b, t, h, 2 * hd)
+        q, gate = q_gate[..., :hd], q_gate[..., hd:]
+        k = _dense(kvh * hd, "k_proj", dt, pdt)(x).reshape(b, t, kvh, hd)
+        v = _dense(kvh * hd, "v_proj", dt, pdt)(x).reshape(b, t, kvh, hd)
+        q = constrain(q, "batch", None, "heads", None)
+        k = constrain(k, "batch", None, "heads", None)
+        v = constrain(v, "batch", None, "heads", None)
+        q = apply_partial_rope(
+            OffsetRMSNorm(cfg.rms_norm_eps, dt, pdt, name="q_norm")(q), *ctx["rope"]
+        )
+        k = apply_partial_rope(
+            OffsetRMSNorm(cfg.rms_norm_eps, dt, pdt, name="k_norm")(k), *ctx["rope"]
+        )
+        new_cache = None
+        if layer_cache is not None:  # the caller writes the new keys (see qwen.SelfAttention)
+            k, v = k.swapaxes(1, 2).astype(dt), v.swapaxes(1, 2).astype(dt)
+            new = (k, v, ctx["visible_new"])
+            out = attention(q, *layer_cache, ctx["visible"], new, heads_first=True)
+            new_cache = (k, v)
+        elif self.attention == "xla":
+            out = causal_attention(q, k, v, ctx["key_mask"], self.attn_chunk)
+        else:
+            interpret = self.attention == "splash_interpret"
+            out = splash_causal_attention(q, k, v, ctx["key_mask"], interpret)
+        out = constrain(out, "batch", None, "heads", None).reshape(b, t, h * hd)
+        out = out * nn.sigmoid(gate.reshape(b, t, h * hd))
+        return _dense(cfg.hidden_size, "o_proj", dt, pdt)(out), new_cache
+
+
+class Qwen35Layer(nn.Module):
+    """One pre-norm decoder block of either kind (`kind`: an entry of layer_types)."""
+
+    cfg: Qwen35Config
+    kind: str
+    dtype: Any
+    param_dtype: Any
+    attn_chunk: int = 1024
+    mlp_chunk: int = 0
+    attention: str = "xla"
+
+    @nn.compact
+    def __call__(self, x: jax.Array, layer_cache: Any, ctx: dict) -> tuple[jax.Array, Any]:
+        """x [B,T,E] -> (x', the layer's new cache entries or None)."""
+        cfg, dt, pdt = self.cfg, self.dtype, self.param_dtype
+        x = constrain(x, "batch", None, None)
+        h = OffsetRMSNorm(cfg.rms_norm_eps, dt, pdt, name="input_layernorm")(x)
+        if self.kind == LINEAR_ATTENTION:
+            a, new = GatedDeltaNet(cfg, dt, pdt, name="linear_attn")(h, layer_cache, ctx)
+        else:
+            mixer = GatedAttention(cfg, dt, pdt, self.attn_chunk, self.attention, name="self_attn")
+            a, new = mixer(h, layer_cache, ctx)
+        x = constrain(x + a, "batch", None, None)
+        h = OffsetRMSNorm(cfg.rms_norm_eps, dt, pdt, name="post_attention_layernorm")(x)
+        x = x + Mlp(cfg, dt, pdt, self.mlp_chunk, name="mlp")(h)
+        return constrain(x, "batch", None, None), new
+
+
+class LayerGroup(nn.Module):
+    """One repetition of cfg.layer_pattern (the body of the layer scan).
+
+    group_cache: None, or {"k", "v": [full layers of the pattern, ...], "conv", "state":
+    [linear layers of the pattern, ...]} slices of the cache (see the module docstring).
+    """
+
+    cfg: Qwen35Config
+    dtype: Any
+    param_dtype: Any
+    attn_chunk: int = 1024
+    mlp_chunk: int = 0
+    attention: str = "xla"
+
+    @nn.compact
+    def __call__(self, x: jax.Array, group_cache: Any, ctx: dict) -> tuple[jax.Array, Any]:
+        """x [B,T,E] -> (x', the group's new cache entries stacked like group_cache, or None)."""
+        new: dict[str, list[jax.Array]] = {"k": [], "v": [], "conv": [], "state": []}
+        seen = {LINEAR_ATTENTION: 0, FULL_ATTENTION: 0}
+        names = {LINEAR_ATTENTION: ("conv", "state"), FULL_ATTENTION: ("k", "v")}
+        for j, kind in enumerate(self.cfg.layer_pattern):
+            i, (a, b) = seen[kind], names[kind]
+            seen[kind] += 1
+            layer_cache = None if group_cache is None else (group_cache[a][i], group_cache[b][i])
+            layer = Qwen35Layer(
+                self.cfg,
+                kind,
+                self.dtype,
+                self.param_dtype,
+                self.attn_chunk,
+                self.mlp_chunk,
+                self.attention,
+                name=f"l{j}",
+            )
+            x, out = layer(x, layer_cache, ctx)
+            if out is not None:
+                new[a].append(out[0])
+                new[b].append(out[1])
+        if group_cache is None:
+            return x, None
+        return x, {name: jnp.stack(v) for name, v in new.items() if v}
+
+
+class Qwen35(nn.Module):
+    """The Qwen3.5 causal LM trunk, with the interface of `seal_jax.models.qwen.Qwen`: returns
+    the final hidden states (normed) and the updated cache.
+
+    Attributes as `Qwen`'s; `scan_unroll` counts repetitions of the layer pattern.
+    """
+
+    cfg: Qwen35Config
+    dtype: Any = jnp.float32
+    param_dtype: Any = jnp.float32
+    remat: bool = False
+    attn_chunk: int = 1024
+    mlp_chunk: int = 0
+    scan_unroll: int = 1
+    attention: str = "xla"
+
+    def setup(self) -> None:
+        """Creates the embedding, the scanned layer groups, the final norm and the LM head."""
+        cfg = self.cfg
+        self.embed_tokens = nn.Embed(
+            cfg.vocab_size,
+            cfg.hidden_size,
+            dtype=self.dtype,
+            param_dtype=self.param_dtype,
+            embedding_init=nn.initializers.normal(0.02),
+        )
+        group = nn.remat(LayerGroup, prevent_cse=False) if self.remat else LayerGroup
+        self.layers = nn.scan(
+            group,
+            variable_axes={"params": 0},
+            split_rngs={"params": True},
+            in_axes=(0, nn.broadcast),
+            length=cfg.num_layers // len(cfg.layer_pattern),
+            unroll=self.scan_unroll,
+        )(cfg, self.dtype, self.param_dtype, self.attn_chunk, self.mlp_chunk, self.attention)
+        self.norm = OffsetRMSNorm(cfg.rms_norm_eps, self.dtype, self.param_dtype)
+        if not cfg.tie_word_embeddings:
+            self.lm_head = self.param(
+                "lm_head",
+                nn.initializers.normal(0.02),
+                (cfg.hidden_size, cfg.vocab_size),
+                self.param_dtype,
+            )
+
+    def __call__(
+        self,
+        input_ids: jax.Array,
+        positions: jax.Array,
+        mask: jax.Array,
+        cache: Cache | None = None,
+    ) -> tuple[jax.Array, Cache | None]:
+        """Runs the trunk. Returns (hidden [B,T,E] after the final norm, updated cache or None)."""
+        t = input_ids.shape[1]
+        mask = mask.astype(bool)
+        ctx = {"rope": rope_tables(positions, self.cfg), "key_mask": mask}
+        group_cache = None
+        if cache is not None:
+            index = cache["index"]
+            slot = jnp.arange(cache["mask"].shape[1])
+            ctx["visible"] = (cache["mask"] & (slot < index[..., None]))[:, None, :]
+            causal = jnp.arange(t)[None, :] <= jnp.arange(t)[:, None]
+            ctx["visible_new"] = causal[None] & mask[:, None, :]
+            groups = self.cfg.num_layers // len(self.cfg.layer_pattern)
+            group_cache = {
+                name: cache[name].reshape(groups, -1, *cache[name].shape[1:])
+                for name in ("k", "v", "conv", "state")
+            }
+        x = constrain(self.embed_tokens(input_ids), "batch", None, None)
+        x, new = self.layers(x, group_cache, ctx)
+        if cache is None:
+            return self.norm(x), None
+        new = {name: y.reshape(-1, *y.shape[2:]) for name, y in new.items()}
+        new_cache = dict(cache)
+        for name in ("k", "v"):
+            if name in new:
+                new_cache[name] = write_cache(cache[name], new[name], index, *CACHE_AXES[name])
+        for name in ("conv", "state"):
+            if name in new:
+                new_cache[name] = new[name].astype(cache[name].dtype)
+        advance = t if index.ndim == 0 else jnp.sum(mask, axis=1, dtype=jnp.int32)
+        new_cache["mask"] = write_cache(cache["mask"], mask, index, *CACHE_AXES["mask"])
+        new_cache["index"] = index + advance
+        return self.norm(x), new_cache
+
+    def output_embedding(self) -> jax.Array:
+        """The [E, V] matrix that maps hidden states to logits (tied or untied)."""
+        if self.cfg.tie_word_embeddings:
+            return self.embed_tokens.embedding.T
+        return self.lm_head
+
+    def logits(
+        self,
+        input_ids: jax.Array,
+        positions: jax.Array,
+        mask: jax.Array,
+        cache: Cache | None = None,
+    ) -> tuple[jax.Array, Cache | None]:
+        """Full float32 logits [B, T, V] (inference and tests; training uses token_logprobs)."""
+        hidden, cache = self(input_ids, positions, mask, cache)
+        w = self.output_embedding().astype(self.dtype)
+        return jnp.einsum("bte,ev->btv", hidden, w, preferred_element_type=jnp.float32), cache
+
+    def token_logprobs(
+        self,
+        input_ids: jax.Array,
+        positions: jax.Array,
+        mask: jax.Array,
+        targets: jax.Array,
+        chunk: int,
+        with_entropy: bool,
+        prompt: SharedPrompt | None = None,
+    ) -> tuple[jax.Array, jax.Array | None]:
+        """log p(targets[b, t] | tokens <= t) [B, T] float32 (and the entropy if asked)."""
+        if prompt is not None:
+            raise ValueError(
+                "Qwen3.5 does not support shared-prompt training passes (its linear layers "
+                "would need each prompt's recurrent state); turn the shared prompt off"
+            )
+        hidden, _ = self(input_ids, positions, mask)
+        w = self.output_embedding().astype(self.dtype)
+        return chunked_token_logprobs(hidden, w, targets, chunk, with_entropy)
+
+
+def init_cache(
+    cfg: Qwen35Config, batch: int, length: int, dtype: Any = jnp.float32, per_row: bool = False
+) -> Cache:
+    """An empty cache for `batch` rows and `length` slots (see the module docstring)."""
+    kv = (cfg.num_full_layers, batch, cfg.num_kv_heads, length, cfg.head_dim)
+    state = (
+        cfg.num_linear_layers,
+        batch,
+        cfg.linear_num_value_heads,
+        cfg.linear_key_head_dim,
+        cfg.linear_value_head_dim,
+    )
+    return {
+        "k": jnp.zeros(kv, dtype),
+        "v": jnp.zeros(kv, dtype),
+        "mask": jnp.zeros((batch, length), bool),
+        "index": jnp.zeros((batch,) if per_row else (), jnp.int32),
+        "conv": jnp.zeros((cfg.num_linear_layers, batch, cfg.conv_kernel - 1, cfg.conv_dim), dtype),
+        "state": jnp.zeros(state, jnp.float32),
+    }
+
+
+def init_params(
+    cfg: Qwen35Config, rng: jax.Array, param_dtype: Any = jnp.float32, seq_len: int = 8
+) -> Params:
+    """Random parameters for tests and from-scratch models."""
+    model = Qwen35(cfg, param_dtype=param_dtype)
+    ids = jnp.zeros((1, seq_len), jnp.int32)
+    variables = model.init(rng, ids, jnp.arange(seq_len)[None], jnp.ones((1, seq_len), bool))
+    return variables["params"]
