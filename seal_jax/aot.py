@@ -342,7 +342,7 @@ def device_bytes(tree: Any, memory_kind: str = "device") -> int:
         if (x.sharding.memory_kind or "device") != memory_kind:
             continue
         shard = x.sharding.shard_shape(x.shape)
-        total += math.prod(shard) * jnp.dtype(x.dtype).itemsize
+        total += math.prod(shard) * x.dtype.itemsize  # PRNG keys included
     return total
 
 
@@ -358,6 +358,8 @@ def target_devices(topology: str) -> list[Any]:
     from jax.experimental import topologies
 
     kwargs = {"chip_config_name": "megacore"} if topology.startswith("v4") else {}
+    if all(n == "1" for n in topology.partition(":")[2].split("x")):  # one chip (v5e-1, v6e-1)
+        kwargs["chips_per_host_bounds"] = (1, 1, 1)
     try:
         return list(topologies.get_topology_desc(topology, "tpu", **kwargs).devices)
     except Exception as error:  # noqa: BLE001  (libtpu missing or a bad name: say which)
