@@ -404,3 +404,27 @@ def test_eight_devices_shard_every_parameter_kind_and_match(checkpoints, greedy_
         assert np.abs(got[valid] - expected[valid]).max() <= tol
     assert result["state_spec"] == [None, ["data", "fsdp"], None, None, None]
     assert result["rows"] == [ref for ref in greedy_references for _ in range(2)]
+
+
+def test_compile_mode_says_it_does_not_cover_qwen35_yet(checkpoints, tmp_path):
+    """--mode=compile on a Qwen3.5 checkpoint ends in one clear error line (no memory plan yet),
+    before any weight is read."""
+    import os
+    import subprocess
+    import sys
+
+    from tests.devices import REPO
+
+    path, _ = checkpoints["qwen35_mixed"]
+    cmd = [
+        sys.executable,
+        os.path.join(REPO, "run.py"),
+        "--config=configs/qwen35.py",
+        f"--config.model.path={path}",
+        f"--workdir={tmp_path / 'w'}",
+        "--mode=compile",
+    ]
+    proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=300)
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
+    assert proc.returncode == 2 and len(errors) == 1, proc.stderr[-2000:]
+    assert "does not cover Qwen3.5" in errors[0] and "Traceback" not in proc.stderr
