@@ -38,6 +38,7 @@ from seal_jax.models.qwen import (
     CACHE_AXES,
     Cache,
     Mlp,
+    Qwen,
     SharedPrompt,
     _dense,
     apply_rope,
@@ -473,23 +474,9 @@ class Qwen35(nn.Module):
         new_cache["index"] = index + advance
         return self.norm(x), new_cache
 
-    def output_embedding(self) -> jax.Array:
-        """The [E, V] matrix that maps hidden states to logits (tied or untied)."""
-        if self.cfg.tie_word_embeddings:
-            return self.embed_tokens.embedding.T
-        return self.lm_head
-
-    def logits(
-        self,
-        input_ids: jax.Array,
-        positions: jax.Array,
-        mask: jax.Array,
-        cache: Cache | None = None,
-    ) -> tuple[jax.Array, Cache | None]:
-        """Full float32 logits [B, T, V] (inference and tests; training uses token_logprobs)."""
-        hidden, cache = self(input_ids, positions, mask, cache)
-        w = self.output_embedding().astype(self.dtype)
-        return jnp.einsum("bte,ev->btv", hidden, w, preferred_element_type=jnp.float32), cache
+    # The output head is Qwen's: the same embed_tokens / lm_head / tie_word_embeddings fields.
+    output_embedding = Qwen.output_embedding
+    logits = Qwen.logits
 
     def token_logprobs(
         self,
