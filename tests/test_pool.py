@@ -1,7 +1,10 @@
-"""The worker pool: batched episodes, agreement with `score`, crashed and hung workers."""
+"""The worker pool: batched and asynchronous episodes, agreement with `score`, crashed and hung
+workers."""
 
 import os
+import random
 import signal
+import time
 
 import numpy as np
 import pytest
@@ -12,6 +15,8 @@ from environments.pool import EnvPool, PoolConfig
 from environments.task import ToolTask
 from environments.toolcall import ToolCall, render_tool_call
 
+SLOW_S = 1.0  # How long the toy tool `slow` takes.
+
 
 class Machine:
     def __init__(self):
@@ -20,6 +25,10 @@ class Machine:
     def work(self):
         self.state += 1
         return "worked"
+
+    def slow(self):
+        time.sleep(SLOW_S)
+        return "slept"
 
     def crash(self):
         os._exit(7)
@@ -36,7 +45,7 @@ def load_toy_task(task_id):
         raise ValueError(f"unknown toy task {task_id!r}")
     docs = [
         {"name": n, "description": n, "parameters": {"type": "dict", "properties": {}}}
-        for n in ("work", "crash", "wedge")
+        for n in ("work", "slow", "crash", "wedge")
     ]
     return ToolTask(
         task_id,
@@ -147,3 +156,111 @@ def test_reset_without_any_worker_is_one_clear_error():
         # The lost worker was replaced: the pool still runs episodes.
         results, _ = play(pool, Scripted([[call("work"), "Done."]]), ["toy_0"])
         assert [r.reward for r in results] == [1.0]
+
+
+@pytest.fixture(scope="module")
+def toy_pool():
+    with EnvPool(load_toy_task, PoolConfig(num_workers=2, request_timeout_s=3.0)) as pool:
+        yield pool
+
+
+def drain(pool):
+    """Polls until nothing is in flight; returns {episode: (observation, done)}."""
+    finished = {}
+    while pool.in_flight:
+        finished.update((b, (obs, done)) for b, obs, done in pool.poll(timeout=None))
+    return finished
+
+
+def test_submit_returns_at_once_and_poll_does_not_wait_for_a_slow_episode(toy_pool):
+    toy_pool.reset(["toy_0", "toy_1"])  # Episode b on worker b.
+    start = time.monotonic()
+    toy_pool.submit(0, call("slow"))
+    toy_pool.submit(1, call("work"))
+    (fast,) = toy_pool.poll(timeout=None)
+    assert time.monotonic() - start < SLOW_S
+    assert fast[0] == 1 and "worked" in fast[1][0]["content"] and not fast[2]
+    assert toy_pool.in_flight == 1
+    with pytest.raises(ValueError, match="already has a step in flight"):
+        toy_pool.submit(0, "Done.")
+    with pytest.raises(ValueError, match="in flight"):
+        toy_pool.reset(["toy_0"])
+    with pytest.raises(ValueError, match="poll"):
+        toy_pool.step(["Done.", "Done."])
+    toy_pool.submit(1, "Done.")
+    finished = drain(toy_pool)
+    assert "slept" in finished[0][0][0]["content"] and finished[1] == ([], True)
+    with pytest.raises(ValueError, match="is done"):
+        toy_pool.submit(1, "Done.")
+    with pytest.raises(ValueError, match="no episode 2"):
+        toy_pool.submit(2, "Done.")
+    with pytest.raises(ValueError, match="needs a message"):
+        toy_pool.submit(0, None)
+    toy_pool.submit(0, "Done.")
+    results = toy_pool.results()  # Waits for the step in flight.
+    assert toy_pool.in_flight == 0 and toy_pool.poll(timeout=None) == []
+    assert [(r.reward, r.failure_reason, r.model_calls) for r in results] == [
+        (0.0, None, 2),
+        (1.0, None, 2),
+    ]
+
+
+def test_submit_and_poll_in_any_order_match_step(bfcl_pool):
+    ids = split_ids("eval")[::50]
+    policy = OraclePolicy({i: load_task(i) for i in ids})
+    batched = [[opening] for opening in bfcl_pool.reset(ids)]
+    policy.start(ids)
+    scripts = [[] for _ in ids]  # Each episode's messages, to replay asynchronously.
+    dones = np.zeros(len(ids), bool)
+    while not dones.all():
+        texts = [None if d else t for t, d in zip(policy.act([o[-1] for o in batched]), dones)]
+        observations, next_dones = bfcl_pool.step(texts)
+        for b in np.flatnonzero(~dones):
+            scripts[b].append(texts[b])
+            batched[b].append(observations[b])
+        dones = next_dones
+    expected = bfcl_pool.results()
+
+    rng = random.Random(0)
+    seen = [[opening] for opening in bfcl_pool.reset(ids)]
+    waiting = list(range(len(ids)))
+    while waiting or bfcl_pool.in_flight:
+        rng.shuffle(waiting)
+        cut = rng.randint(0, len(waiting))
+        for b in waiting[:cut]:
+            bfcl_pool.submit(b, scripts[b].pop(0))
+        waiting = waiting[cut:]
+        for b, observation, done in bfcl_pool.poll(timeout=rng.choice([0.0, None])):
+            seen[b].append(observation)
+            if not done:
+                waiting.append(b)
+    assert seen == batched
+    assert bfcl_pool.results() == expected
+
+
+def test_a_hung_worker_fails_only_its_episodes_and_its_queued_steps(toy_pool):
+    toy_pool.reset([f"toy_{b}" for b in range(6)])  # Worker 1 holds episodes 1, 3, 5.
+    for b, name in [(1, "wedge"), (3, "work"), (0, "work"), (2, "work")]:
+        toy_pool.submit(b, call(name))  # 3 waits behind 1, 2 behind 0; 5 has no step.
+    batches = []
+    while toy_pool.in_flight:
+        batches.append(toy_pool.poll(timeout=None))
+    finished = {b: (obs, done) for batch in batches for b, obs, done in batch}
+    assert not finished[0][1] and not finished[2][1] and finished[0][0]
+    # The step queued behind the hung one comes back with it, never sent to the new worker.
+    assert sorted(next(batch for batch in batches if (1, [], True) in batch)) == [
+        (1, [], True),
+        (3, [], True),
+    ]
+    toy_pool.submit(5, "Done.")  # Ended by the loss while idle: reported, never sent.
+    assert toy_pool.poll(timeout=0.0) == [(5, [], True)]
+    with pytest.raises(ValueError, match="is done"):
+        toy_pool.submit(1, "Done.")
+    for b in (0, 2):
+        toy_pool.submit(b, "Done.")
+    drain(toy_pool)
+    results = toy_pool.results()
+    assert [r.reward for r in results] == [1.0, 0.0, 1.0, 0.0, 0.0, 0.0]
+    for b in (1, 3, 5):
+        assert results[b].failure_reason.startswith("worker timed out after 3.0 s")
+        assert results[b].turn_tags == []
