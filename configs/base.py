@@ -204,7 +204,11 @@ def base_config() -> ml_collections.ConfigDict:
     c.rollout.temperature = 1.0  # training rollouts' sampling temperature (the paper's)
     c.rollout.top_k = 0  # 0: off
     c.rollout.top_p = 1.0  # nucleus sampling mass (1.0: off)
-    c.rollout.micro_batch_tasks = 0  # tasks per rollout batch (0: the whole step at once)
+    c.rollout.micro_batch_tasks = 0  # tasks per lockstep rollout batch (0: the whole step)
+    # Continuous batching (seal_jax/continuous.py): rows decoded at once per host, the episodes
+    # streaming through them with an asynchronous environment pool. 0: lockstep turns over
+    # chunks of micro_batch_tasks tasks. Same episodes either way for the same seed.
+    c.rollout.slots = 0
     c.rollout.prefill_chunk = 512  # most prompt tokens prefilled per row per call (power of two)
     c.rollout.min_batch = 1  # fewest rows per compiled batch (power of two; fewer programs)
     c.rollout.min_prefill_width = 1  # narrowest prefill piece (power of two; fewer programs)

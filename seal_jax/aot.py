@@ -153,7 +153,8 @@ def lower_rollout(config: Any, model: LoadedModel, engine: Any) -> dict[str, tup
         )
     variant = params_layout(params)
     prefill = (params, cache, a["logits"], a["ids"], a["lengths"])
-    decode = (params, cache, a["logits"], a["keys"], a["budget"], a["stop_ids"])
+    floor = jax.ShapeDtypeStruct((), jnp.int32)
+    decode = (params, cache, a["logits"], a["keys"], a["budget"], a["stop_ids"], floor)
     with jax.set_mesh(engine.mesh):
         lowered["rollout_prefill"] = (engine.program("prefill", variant).lower(*prefill), prefill)
         lowered["rollout_decode"] = (engine.program("decode", variant).lower(*decode), decode)

@@ -86,6 +86,8 @@ def validate(c: Any) -> None:
             f"a mini-batch of {rows} rollouts (train.mini_batch_tasks x rl.group_size) does not "
             f"split into --config.optim.grad_accum={c.optim.grad_accum} micro-batches"
         )
+    if c.rollout.slots < 0:
+        raise ConfigError(f"--config.rollout.slots={c.rollout.slots}: use 0 (lockstep) or more")
     if c.train.max_response_tokens < 0:
         raise ConfigError(
             f"--config.train.max_response_tokens={c.train.max_response_tokens}: use 0 (no cap) "

@@ -8,9 +8,14 @@ separators and appended to the live rows, which continue from their KV cache. Ro
 is done, that exhaust the model-call budget or hit the context limit stop (and stop costing
 device time). At the end the pool verifies and diagnoses every episode.
 
+Two schedules give the same episodes: `generate_episodes` runs every live row's turn together
+(lockstep: a turn waits for its longest reply, the pool for the whole batch);
+`stream_episodes` streams the episodes through a fixed number of decode slots (continuous
+batching, `seal_jax.continuous`), each reply going to the asynchronous pool as soon as it ends.
+
 With several hosts (`collect_episodes`), each runs its contiguous share of the tasks on its own
-devices and pool, in chunks of at most `chunk_tasks` tasks with a seed of their own, and every
-host then holds the whole batch (so all take the same host-side decisions).
+devices and pool, and every host then holds the whole batch (so all take the same host-side
+decisions).
 """
 
 from __future__ import annotations
@@ -27,7 +32,7 @@ from environments.episode import EpisodeConfig, EpisodeResult
 from environments.pool import EnvPool, PoolConfig
 from environments.rendering import Renderer
 from environments.sources import TaskSource
-from seal_jax import distributed, trajectories
+from seal_jax import continuous, distributed, trajectories
 from seal_jax import rollout as rollout_lib
 from seal_jax.chat import ChatFormat
 
@@ -65,20 +70,20 @@ def _reply_text(chat: ChatFormat, ids: Sequence[int]) -> str:
     return chat.tokenizer.decode(ids, skip_special_tokens=False)
 
 
-def generate_episodes(
-    engine: rollout_lib.RolloutEngine,
-    params: Any,
+def _open_episodes(
+    engine: Any,
     chat: ChatFormat,
     pool: EnvPool,
     task_ids: Sequence[str],
     num_samples: int,
-    seed: int,
-    renderer: Any = None,
-) -> EpisodeBatch:
-    """Runs `num_samples` episodes of every task on this host to the end (module docstring)."""
+    renderer: Any,
+) -> list[list[int]]:
+    """Opens `num_samples` episodes of every task in the pool; returns each task's prompt ids.
+
+    Raises:
+      ValueError: a prompt leaves no room for a reply in the context.
+    """
     rows = [t for t in task_ids for _ in range(num_samples)]
-    timings = {"generate_s": 0.0, "env_s": 0.0}
-    t0 = time.perf_counter()
     # The policy's chat format decides how tools are listed and calls parsed.
     renderer = dataclasses.replace(renderer or Renderer(), tool_format=chat.tool_format)
     openings = pool.reset(rows, renderer)
@@ -93,16 +98,36 @@ def generate_episodes(
                 f"task {task}: prompt of {len(prompt)} tokens leaves no room for a reply "
                 f"(context_limit - max_new_tokens = {limit})"
             )
+    return prompts
+
+
+def generate_episodes(
+    engine: rollout_lib.RolloutEngine,
+    params: Any,
+    chat: ChatFormat,
+    pool: EnvPool,
+    task_ids: Sequence[str],
+    num_samples: int,
+    seed: int,
+    renderer: Any = None,
+    first_row: int = 0,
+) -> EpisodeBatch:
+    """Runs `num_samples` episodes of every task on this host to the end, every live row taking
+    its turn together (module docstring); row r samples as row first_row + r of `seed`."""
+    timings = {"generate_s": 0.0, "env_s": 0.0}
+    t0 = time.perf_counter()
+    prompts = _open_episodes(engine, chat, pool, task_ids, num_samples, renderer)
+    rows = len(prompts) * num_samples
     timings["env_s"] += time.perf_counter() - t0
 
     t0 = time.perf_counter()
-    rollout = engine.start(params, prompts, num_samples=num_samples, seed=seed)
+    rollout = engine.start(params, prompts, num_samples, seed, first_row=first_row)
     turns = rollout.generate()
     timings["generate_s"] += time.perf_counter() - t0
-    done = np.zeros(len(rows), bool)
+    done = np.zeros(rows, bool)
     while turns:
         t0 = time.perf_counter()
-        texts: list[str | None] = [None] * len(rows)
+        texts: list[str | None] = [None] * rows
         for r, turn in turns.items():
             if turn.stop_reason == rollout_lib.CONTEXT_LIMIT and not turn.ids:
                 continue  # no reply fits: the pool ends this episode as it stands
@@ -131,6 +156,59 @@ def generate_episodes(
     return EpisodeBatch(rollout.sequences(), results, timings)
 
 
+def stream_episodes(
+    engine: rollout_lib.RolloutEngine,
+    params: Any,
+    chat: ChatFormat,
+    pool: EnvPool,
+    task_ids: Sequence[str],
+    num_samples: int,
+    seed: int,
+    slots: int,
+    renderer: Any = None,
+    first_row: int = 0,
+) -> EpisodeBatch:
+    """`generate_episodes` with continuous batching (`seal_jax.continuous`): the episodes
+    stream through `slots` decode slots; a reply goes to the pool as soon as its turn ends,
+    while the other rows decode, and its observation starts the row's next turn as soon as it
+    is back; a finished episode's slot takes the next one. Same tokens as `generate_episodes`
+    for the same seed and rows. `timings` count the time this thread spent decoding
+    (generate_s) and waiting for the pool (env_s)."""
+    timings = {"generate_s": 0.0, "env_s": 0.0}
+    t0 = time.perf_counter()
+    prompts = _open_episodes(engine, chat, pool, task_ids, num_samples, renderer)
+    timings["env_s"] += time.perf_counter() - t0
+    stream = continuous.ContinuousRollout(engine, params, slots, seed, first_row)
+    for i, prompt in enumerate(prompts):
+        stream.add(prompt, range(i * num_samples, (i + 1) * num_samples))
+    replies: dict[int, rollout_lib.Turn] = {}  # the turn each pool step answers
+    while stream.busy:
+        if stream.decoding:
+            t0 = time.perf_counter()
+            for r, turn in stream.step().items():
+                if turn.stop_reason == rollout_lib.CONTEXT_LIMIT and not turn.ids:
+                    pool.stop([r])  # no reply fits: the pool ends this episode as it stands
+                    continue
+                replies[r] = turn
+                pool.submit(r, _reply_text(chat, turn.ids))
+            timings["generate_s"] += time.perf_counter() - t0
+        t0 = time.perf_counter()
+        for r, observation, done in pool.poll(timeout=0.0 if stream.decoding else None):
+            turn = replies.pop(r)
+            if done or turn.stop_reason == rollout_lib.CONTEXT_LIMIT:
+                pool.stop([r])  # a reply that filled the context: nothing more can follow
+                stream.finish(r)
+                continue
+            closed = chat.turn_closed(turn.ids)
+            stream.extend(r, chat.env_ids(observation, turn_closed=closed))
+        timings["env_s"] += time.perf_counter() - t0
+    t0 = time.perf_counter()
+    results = pool.results()
+    timings["env_s"] += time.perf_counter() - t0
+    sequences = stream.sequences()
+    return EpisodeBatch([sequences[r] for r in range(len(sequences))], results, timings)
+
+
 def concatenate(batches: Sequence[EpisodeBatch], parallel: bool) -> EpisodeBatch:
     """One batch from several, rows in order; timings add up (sequential chunks) or take the
     maximum (`parallel`: the same step on several hosts)."""
@@ -142,13 +220,14 @@ def concatenate(batches: Sequence[EpisodeBatch], parallel: bool) -> EpisodeBatch
     )
 
 
-def host_share(items: Sequence[Any]) -> list[Any]:
-    """This process's contiguous share of `items` (the first processes take one more when the
-    count does not divide evenly); all shares in process order give `items` back."""
+def host_share(items: Sequence[Any]) -> tuple[int, list[Any]]:
+    """This process's contiguous share of `items` and the index of its first item (the first
+    processes take one more when the count does not divide evenly); all shares in process
+    order give `items` back."""
     n, p = jax.process_count(), jax.process_index()
     size, extra = divmod(len(items), n)
     start = p * size + min(p, extra)
-    return list(items[start : start + size + (p < extra)])
+    return start, list(items[start : start + size + (p < extra)])
 
 
 def collect_episodes(
@@ -162,29 +241,40 @@ def collect_episodes(
     seed: int,
     renderer: Any = None,
     chunk_tasks: int = 0,
+    slots: int = 0,
 ) -> EpisodeBatch:
     """Every host's episodes of `task_ids` (`num_samples` each), rows in task order.
 
-    This host runs its `host_share` in chunks of `chunk_tasks` tasks (0: one chunk), which
-    bounds the KV cache of one rollout; a chunk starting at task `start` of the share samples
-    with seed `(seed * 1024 + process index) * 1024 + start`.
+    This host runs its `host_share` through `slots` continuous-batching slots
+    (`stream_episodes`), or, with slots=0, in lockstep chunks of `chunk_tasks` tasks (0: one
+    chunk), which bounds the KV cache of one rollout. Row r of the whole batch samples as row r
+    of seed `seed * 2**20` (the seed the first chunk of the first host has always used), so
+    the episodes do not depend on the host count, the chunks or the slots.
     """
     params = engine.sampling_params(params)  # on several hosts, a copy on this host's chips
-    mine = host_share(task_ids)
-    chunk = chunk_tasks or len(mine)
-    local = [
-        generate_episodes(
-            engine,
-            params,
-            chat,
-            pool,
-            mine[start : start + chunk],
-            num_samples,
-            seed=(seed * 1024 + jax.process_index()) * 1024 + start,
-            renderer=renderer,
-        )
-        for start in range(0, len(mine), chunk)
-    ]
+    first, mine = host_share(task_ids)
+    seed, g = seed * 2**20, num_samples
+    common = dict(num_samples=g, seed=seed, renderer=renderer)
+    if slots:
+        local = [
+            stream_episodes(
+                engine, params, chat, pool, mine, slots=slots, first_row=first * g, **common
+            )
+        ]
+    else:
+        chunk = chunk_tasks or len(mine)
+        local = [
+            generate_episodes(
+                engine,
+                params,
+                chat,
+                pool,
+                mine[start : start + chunk],
+                first_row=(first + start) * g,
+                **common,
+            )
+            for start in range(0, len(mine), chunk)
+        ]
     gathered = distributed.allgather_objects(concatenate(local, parallel=False))
     return concatenate(gathered, parallel=True)
 
@@ -213,8 +303,10 @@ def training_sequences(
 
 
 def chunk_rows(config: Any) -> int:
-    """Rows of one rollout of a training step on one host: rollout.micro_batch_tasks (0: the
-    step's batch_tasks) x rl.group_size."""
+    """Rows decoded together in a training step on one host: rollout.slots, or (lockstep)
+    rollout.micro_batch_tasks (0: the step's batch_tasks) x rl.group_size."""
+    if config.rollout.slots:
+        return config.rollout.slots
     return (config.rollout.micro_batch_tasks or config.train.batch_tasks) * config.rl.group_size
 
 

@@ -75,6 +75,7 @@ def evaluate(
                 num_samples=1,
                 seed=step,
                 chunk_tasks=config.train.eval_batch_tasks,
+                slots=config.rollout.slots,
                 renderer=renderer,
             )
         summaries[protocol] = summary = summarize(batch.results, source.categories)

@@ -14,6 +14,10 @@ Row r belongs to prompt r // num_samples. Environment ids are appended as given 
 with `seal_jax.chat.ChatFormat`); the finished sequence of a row is exactly prompt ids + sampled ids
 + environment ids in order, and the loss mask is 1 on the sampled ids only.
 
+This is the lockstep schedule: every live row takes its turn together. The same device programs
+also serve continuous batching (`seal_jax.continuous`: rows stream through a fixed number of
+slots; `prefill_rows` and `copy_rows` work on some rows of its cache), with the same tokens.
+
 Device side: pure functions (`new_cache`, `prefill`, `decode_segment`, `relayout_cache`), jitted
 by the engine with explicit shardings, one compiled program per bucket shape, counted and logged:
   * Cache: the model's KV cache with a per-row write pointer (`init_cache(per_row=True)`; for
@@ -177,7 +181,8 @@ def _pow2_at_least(n: int, minimum: int = 1) -> int:
 
 # ---- device programs: pure functions of their arguments, static settings keyword-only ---------
 
-PROGRAMS = ("new_cache", "prefill", "decode", "relayout")
+PROGRAMS = ("new_cache", "prefill", "decode", "relayout", "prefill_rows", "copy_rows")
+PARAMS_FIRST = ("prefill", "decode", "prefill_rows")
 
 
 def new_cache(batch: int, length: int, *, cfg: QwenConfig | Qwen35Config, dtype: Any) -> Cache:
@@ -218,6 +223,7 @@ def decode_segment(
     keys: jax.Array,
     budget: jax.Array,
     stop_ids: jax.Array,
+    floor: jax.Array,
     *,
     cfg: QwenConfig | Qwen35Config,
     compute_dtype: Any,
@@ -226,6 +232,8 @@ def decode_segment(
 ) -> tuple[Cache, dict[str, jax.Array]]:
     """Samples up to min(budget[b], segment_len) tokens per row (0: row idle) until a stop id in
     stop_ids[b], starting from the next-token logits [B, V]; keys [B] are the rows' PRNG keys.
+    The loop also ends as soon as at most `floor` (int32 scalar) rows are still sampling, which
+    lets a continuous-batching scheduler refill the slots of rows that finished.
 
     Returns the cache (all sampled tokens but each row's last are written) and
     {"ids", "sampling_logprobs", "policy_logprobs": [B, segment_len], "count": [B]}.
@@ -264,7 +272,7 @@ def decode_segment(
         return pick({**state, "cache": cache}, logits[:, 0])
 
     def going(state: dict) -> jax.Array:
-        return (state["step"] < m) & ~jnp.all(state["done"])
+        return (state["step"] < m) & (jnp.sum(~state["done"]) > floor)
 
     init = {
         "cache": cache,
@@ -294,6 +302,55 @@ def relayout_cache(caches: tuple[Cache, ...], rows: jax.Array, length: int) -> C
         return jnp.pad(x, widths)
 
     return {name: gather(name, *CACHE_AXES_35[name]) for name in caches[0]}
+
+
+def _rows_at(name: str) -> tuple:
+    """An index prefix that selects batch rows of cache entry `name` (see CACHE_AXES_35)."""
+    return (slice(None),) * CACHE_AXES_35[name][0]
+
+
+def prefill_rows(
+    params: Any,
+    cache: Cache,
+    logits: jax.Array,
+    slots: jax.Array,
+    ids: jax.Array,
+    lengths: jax.Array,
+    *,
+    cfg: QwenConfig | Qwen35Config,
+    compute_dtype: Any,
+) -> tuple[Cache, jax.Array]:
+    """`prefill` of right-padded ids [K, T] (lengths [K]) into the cache rows `slots` [K] of a
+    cache of S rows, and those rows' next-token logits into `logits` [S, V]; slot S (out of
+    range) marks padding, which is neither read nor written. Cost: K rows, not S."""
+    sub = {n: jnp.take(x, slots, axis=CACHE_AXES_35[n][0], mode="clip") for n, x in cache.items()}
+    sub_logits = jnp.take(logits, slots, axis=0, mode="clip")
+    sub, sub_logits = prefill(
+        params, sub, sub_logits, ids, lengths, cfg=cfg, compute_dtype=compute_dtype
+    )
+    cache = {n: x.at[(*_rows_at(n), slots)].set(sub[n], mode="drop") for n, x in cache.items()}
+    return cache, logits.at[slots].set(sub_logits, mode="drop")
+
+
+def copy_rows(cache: Cache, src: jax.Array, dst: jax.Array) -> Cache:
+    """The cache with rows `dst` [K] overwritten by rows `src` [K], or by an empty row (as
+    `new_cache` makes it) where src < 0; dst S (out of range) writes nothing."""
+
+    def rows(x: jax.Array, name: str) -> jax.Array:
+        axis = CACHE_AXES_35[name][0]
+        taken = jnp.take(x, src, axis=axis, mode="clip")
+        keep = (src >= 0).reshape((1,) * axis + (-1,) + (1,) * (x.ndim - axis - 1))
+        return jnp.where(keep, taken, jnp.zeros((), x.dtype))
+
+    return {n: x.at[(*_rows_at(n), dst)].set(rows(x, n), mode="drop") for n, x in cache.items()}
+
+
+def row_keys(seed: int, rows: Sequence[int]) -> jax.Array:
+    """The PRNG keys of rows `rows` of a batch sampled with `seed`: fold_in(key(seed), row).
+    The sampler folds in each token's position, so a token's key depends only on (seed, row,
+    position), never on the slot or batch it was decoded in."""
+    base = jax.random.key(seed)
+    return jax.vmap(functools.partial(jax.random.fold_in, base))(jnp.asarray(rows, jnp.int32))
 
 
 def params_layout(params: Any) -> tuple[Any, tuple[Any, ...]]:
@@ -356,6 +413,7 @@ class RolloutEngine:
         num_samples: int = 1,
         seed: int = 0,
         stop_ids: Sequence[Sequence[int]] | None = None,
+        first_row: int = 0,
     ) -> Rollout:
         """Opens a rollout of len(prompts) * num_samples rows (row r samples prompt r // G).
 
@@ -364,8 +422,10 @@ class RolloutEngine:
             of this rollout.
           prompts: token ids of each prompt (e.g. `ChatFormat.prompt_ids`).
           num_samples: G, rows per prompt; they share the prompt's prefill.
-          seed: sampling seed; row r uses fold_in(key(seed), r).
+          seed: sampling seed; row r uses fold_in(key(seed), first_row + r).
           stop_ids: per prompt, the ids that end a turn (default: `config.stop_ids`).
+          first_row: the first row's number in a larger batch sampled with the same seed, so a
+            row's tokens do not depend on how the batch was split into rollouts.
 
         Raises:
           ValueError: an empty prompt, or one that leaves no room for a reply in the context.
@@ -382,7 +442,14 @@ class RolloutEngine:
         if stop_ids is not None and len(stop_ids) != len(prompts):
             raise ValueError(f"stop_ids has {len(stop_ids)} entries for {len(prompts)} prompts")
         prompts = [list(map(int, p)) for p in prompts]
-        return Rollout(self, params, prompts, num_samples, seed, stop_ids)
+        return Rollout(
+            self,
+            params,
+            prompts,
+            num_samples,
+            row_keys(seed, range(first_row, first_row + len(prompts) * num_samples)),
+            stop_ids,
+        )
 
     def compile_counts(self) -> dict[str, int]:
         """How many programs each device program has compiled so far (bounded by the buckets)."""
@@ -395,15 +462,15 @@ class RolloutEngine:
         """Runs device program `name` on the mesh and logs when it had to compile a new shape.
 
         variant: what fixes the program's input shardings besides the engine's: the params'
-        `params_layout` for "prefill" and "decode" (whose first argument is the params), the
-        number of caches for "relayout", None for "new_cache".
+        `params_layout` for PARAMS_FIRST programs (whose first argument is the params), the
+        number of caches for "relayout", None for "new_cache" and "copy_rows".
         """
         fn = self.program(name, variant)
         before = fn._cache_size()
         with jax.set_mesh(self.mesh):
             out = fn(*args)
         if fn._cache_size() > before:
-            shown = args[1:] if name in ("prefill", "decode") else args  # not the params
+            shown = args[1:] if name in PARAMS_FIRST else args  # not the params
             shapes = jax.tree_util.tree_map(lambda x: getattr(x, "shape", x), list(shown))
             logging.info(
                 "rollout: compiled %s #%d for %s", name, self.compile_counts()[name], shapes
@@ -459,6 +526,14 @@ class RolloutEngine:
         if name == "new_cache":
             fn = functools.partial(new_cache, cfg=self.cfg, dtype=self.cache_dtype)
             return jax.jit(fn, static_argnums=(0, 1), out_shardings=cache)
+        if name == "copy_rows":
+            index = NamedSharding(self.mesh, P())  # a row may come from any shard
+            return jax.jit(
+                copy_rows,
+                in_shardings=(cache, index, index),
+                out_shardings=cache,
+                donate_argnums=(0,),
+            )
         if name == "relayout":
             # Row indices replicated: a shard's new rows may come from any shard.
             shardings = ((cache,) * variant, NamedSharding(self.mesh, P()))
@@ -474,13 +549,29 @@ class RolloutEngine:
                 out_shardings=(cache, rows_2d),
                 donate_argnums=(1, 2),
             )
+        if name == "prefill_rows":
+            slots = NamedSharding(self.mesh, P())
+            return jax.jit(
+                functools.partial(prefill_rows, **model),
+                in_shardings=(params, cache, rows_2d, slots, rows_2d, rows_1d),
+                out_shardings=(cache, rows_2d),
+                donate_argnums=(1, 2),
+            )
         decode = functools.partial(
             decode_segment, **model, sampling=self.config.sampling, segment_len=self.segment_len
         )
         out = {"ids": rows_2d, "sampling_logprobs": rows_2d, "policy_logprobs": rows_2d}
         return jax.jit(
             decode,
-            in_shardings=(params, cache, rows_2d, rows_1d, rows_1d, rows_2d),
+            in_shardings=(
+                params,
+                cache,
+                rows_2d,
+                rows_1d,
+                rows_1d,
+                rows_2d,
+                NamedSharding(self.mesh, P()),
+            ),
             out_shardings=(cache, {**out, "count": rows_1d}),
             donate_argnums=(1,),
         )
@@ -526,10 +617,10 @@ class Rollout:
         params: Any,
         prompts: list[list[int]],
         num_samples: int,
-        seed: int,
+        keys: jax.Array,
         stop_ids: Sequence[Sequence[int]] | None,
     ) -> None:
-        """Built by `RolloutEngine.start`."""
+        """Built by `RolloutEngine.start`; keys [rows] are the rows' PRNG keys."""
         self.engine, self.params, self.prompts = engine, params, prompts
         self.num_samples = num_samples
         self._layout = params_layout(params)
@@ -541,10 +632,7 @@ class Rollout:
             row = _Row([], [], [], [], len(prompt), list(stops))
             row.append(prompt, sampled=False)
             self._rows.append(row)
-        base = jax.random.key(seed)
-        self._row_keys = jax.vmap(functools.partial(jax.random.fold_in, base))(
-            jnp.arange(self.num_rows)
-        )
+        self._row_keys = keys
         # The KV caches holding live rows: (cache, row held by each batch slot, -1 for none).
         # One cache between turns; during a turn, rows done early may be parked in a second.
         self._parts: list[tuple[dict[str, jax.Array], list[int]]] = []
@@ -736,8 +824,9 @@ class Rollout:
                 budget[i] = end[r] - len(row.tokens)
         keys = eng.put_rows(self._row_keys[np.maximum(np.asarray(slots), 0)])
         budget, stop = eng.put_rows(budget), eng.put_rows(stop)
+        floor = np.int32(0)  # a turn runs until every row is done
         cache, out = eng.call(
-            "decode", self._layout, self.params, cache, logits, keys, budget, stop
+            "decode", self._layout, self.params, cache, logits, keys, budget, stop, floor
         )
         self._parts[0] = (cache, slots)
         out = jax.device_get(out)

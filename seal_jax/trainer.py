@@ -170,6 +170,7 @@ def train_one_step(run: Run, state: State, pool: EnvPool, ref_params: Any) -> di
         seed=cfg.seed * 1_000_003 + state.step,
         renderer=state.interface.renderer(),
         chunk_tasks=cfg.rollout.micro_batch_tasks,
+        slots=cfg.rollout.slots,
     )
 
     # Feedback: rewards -> failure profile -> utilities and weights; the interface evolves.

@@ -195,8 +195,9 @@ def test_context_limit_stops_rows_with_a_reason(tiny_checkpoints):
 
 
 SHARDED = """
-import json, sys
+import dataclasses, json, sys
 import numpy as np
+from seal_jax.continuous import ContinuousRollout
 from seal_jax.models import load_hf_checkpoint
 from seal_jax.rollout import EngineConfig, RolloutEngine
 from seal_jax.sampler import SamplingParams
@@ -216,14 +217,37 @@ def run(mesh):
     rollout.generate({r: [8, 8] for r in range(0, 9, 4)})
     k = rollout._parts[0][0]["k"]  # the live cache after the last turn
     layout = [list(a) if isinstance(a, tuple) else a for a in k.sharding.spec]
-    return [s.token_ids.tolist() for s in rollout.sequences()], (layout, len(k.devices()))
-one, _ = run(single_device_mesh())
-eight, spec = run(make_mesh(data=4, fsdp=1, tensor=2))
-print(json.dumps({"same": one == eight, "spec": spec, "rows": one}))
+    # The same episodes streamed through 4 slots (continuous batching), with floors that keep
+    # its compiled programs few.
+    floors = dict(min_batch=4, min_prefill_width=8, min_cache_len=64)
+    eng = RolloutEngine(model.config, mesh, dataclasses.replace(cfg, **floors))
+    stream = ContinuousRollout(eng, model.params, slots=4, seed=0)
+    for p, prompt in enumerate(prompts):
+        rows = range(3 * p, 3 * p + 3)
+        stream.add(prompt, rows, max_new_tokens={r: 6 - 4 * (r % 2 == 0) for r in rows})
+    turns = dict.fromkeys(range(9), 0)
+    while stream.busy:
+        for r in stream.step():
+            turns[r] += 1
+            if turns[r] == 1 and r % 2 == 0:
+                stream.extend(r, [7] * (r + 1))
+            elif turns[r] == 2 and r % 4 == 0:
+                stream.extend(r, [8, 8])
+            else:
+                stream.finish(r)
+    streamed = [s.token_ids.tolist() for _, s in sorted(stream.sequences().items())]
+    rows = [s.token_ids.tolist() for s in rollout.sequences()]
+    return rows, (layout, len(k.devices())), streamed == rows
+one, _, streamed_one = run(single_device_mesh())
+eight, spec, streamed_eight = run(make_mesh(data=4, fsdp=1, tensor=2))
+same = one == eight and streamed_one and streamed_eight
+print(json.dumps({"same": same, "spec": spec, "rows": one}))
 """
 
 
 def test_eight_devices_give_the_same_greedy_tokens(tiny_checkpoints):
+    """One device and 8 (4 batch shards x 2 tensor), lockstep and continuous batching (4 slots):
+    the same tokens."""
     path, _ = tiny_checkpoints["qwen3"]
     out = run_with_devices(f"import sys; sys.argv = ['x', {path!r}]\n" + SHARDED)
     result = __import__("json").loads(out.strip().splitlines()[-1])

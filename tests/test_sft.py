@@ -74,7 +74,7 @@ class _ScriptedEngine:
     def __init__(self, replies: list[list[list[int]]]) -> None:
         self.replies = replies
 
-    def start(self, params, prompts, num_samples, seed):
+    def start(self, params, prompts, num_samples, seed, first_row=0):
         assert num_samples == 1 and params is None
         return _ScriptedRollout(prompts, self.replies)
 
