@@ -15,7 +15,11 @@ then a batched matrix product over (row, head), and a decode step on CPU takes ~
 took with slots before heads (benchmarks/README.md, "KV cache layout").
 A call with a cache writes its T new tokens at slots `index .. index + T - 1` (same for every row)
 and advances `index`; queries attend to every valid cached slot before `index` and, causally, to
-the call's own real tokens.
+the call's own real tokens. The k and v caches are the layer scan's carry, whole: layer l writes
+its new keys and values at layer l of the carried buffers (`write_layer_cache`) and then reads
+its slice, so a donated cache is updated in place. (Scanned as per-layer inputs with all layers'
+new keys written after the scan, the TPU compiler copied the whole cache into another layout per
+token; benchmarks/README.md, "In-place KV cache (decode)".)
 
 Per-row write pointers (decoding, `init_cache(..., per_row=True)`): `index` is int32 [B] and row b
 writes its T tokens at slots `index[b] ..` (writes past the end are dropped) and advances by its
@@ -289,6 +293,39 @@ def write_cache(
     return buf.at[tuple(where)].set(new, mode="drop")
 
 
+def write_layer_cache(
+    buf: jax.Array, new: jax.Array, layer: jax.Array, index: jax.Array
+) -> jax.Array:
+    """Writes one layer's new keys (or values) new [B, KVH, T, D] into the whole cache buffer
+    buf [L, B, KVH, S, D] at layer `layer` (int32 scalar), as `write_cache` writes slots: at
+    `index` (scalar) or `index[b]` per row, per-row writes past the end dropped."""
+    if index.ndim == 0:
+        return jax.lax.dynamic_update_slice(buf, new[None], (layer, 0, 0, index, 0))
+    b, kvh, t, _ = new.shape
+    # An index per (row, head, slot): each write is one contiguous [D] vector, so the compiler
+    # keeps the cache's layout (for (KVH, D) windows TPU's put slots first, copying the cache).
+    rows, heads = jnp.arange(b)[:, None, None], jnp.arange(kvh)[None, :, None]
+    slots = (index[:, None] + jnp.arange(t))[:, None, :]
+    return buf.at[layer, rows, heads, slots].set(new, mode="drop")
+
+
+def cached_attention(
+    q: jax.Array, k: jax.Array, v: jax.Array, cache: tuple, layer: jax.Array, ctx: dict
+) -> tuple[jax.Array, tuple[jax.Array, jax.Array]]:
+    """One layer's attention on a cached call: q [B,T,H,D] attends to the layer's visible cached
+    slots (ctx "visible") and, causally, to the call's own keys k/v [B,T,KVH,D] (ctx
+    "visible_new"), which are written into the whole cache (k, v) [L,B,KVH,S,D] at layer `layer`
+    and slots ctx "index". Returns (output [B,T,H,D], the cache)."""
+    k, v = k.swapaxes(1, 2), v.swapaxes(1, 2)  # the cache's layout
+    cache = tuple(write_layer_cache(c, n, layer, ctx["index"]) for c, n in zip(cache, (k, v)))
+    # Read after the write: the written slots are not visible yet (slot >= index), so the read
+    # sees what it would have before, and needs no copy of the cache (XLA's CPU compiler copied
+    # the whole cache to read it before an in-place write). The new keys are a block of their own.
+    cached = [jax.lax.dynamic_index_in_dim(c, layer, keepdims=False) for c in cache]
+    out = attention(q, *cached, ctx["visible"], (k, v, ctx["visible_new"]), heads_first=True)
+    return out, cache
+
+
 def _dense(features: int, name: str, dtype: Any, param_dtype: Any, bias: bool = False) -> nn.Dense:
     return nn.Dense(features, use_bias=bias, dtype=dtype, param_dtype=param_dtype, name=name)
 
@@ -303,8 +340,16 @@ class SelfAttention(nn.Module):
     attention: str = "xla"
 
     @nn.compact
-    def __call__(self, x: jax.Array, layer_cache: Any, ctx: dict) -> tuple[jax.Array, Any]:
-        """x [B,T,E] -> (attention output [B,T,E], updated (k, v) cache slice or None)."""
+    def __call__(
+        self, x: jax.Array, cache: Any, layer_input: Any, ctx: dict
+    ) -> tuple[jax.Array, Any, Any]:
+        """x [B,T,E] -> (attention output [B,T,E], the cache, this layer's (k, v) or None).
+
+        cache: the whole (k, v) cache [L, B, KVH, S, D] when decoding (returned with this
+        layer's new keys and values written), else None. layer_input: this layer's index when
+        decoding, the shared prompt's (k, v) when ctx has "prefix_mask", else None. This layer's
+        (k, v) come back when ctx has "return_kv".
+        """
         cfg, dt, pdt = self.cfg, self.dtype, self.param_dtype
         b, t, _ = x.shape
         hd = cfg.head_dim
@@ -319,26 +364,19 @@ class SelfAttention(nn.Module):
             k = RMSNorm(cfg.rms_norm_eps, dt, pdt, name="k_norm")(k)
         q = apply_rope(q, ctx["cos"], ctx["sin"])
         k = apply_rope(k, ctx["cos"], ctx["sin"])
-        if "prefix_mask" in ctx:  # training on a shared prompt: layer_cache is its (k, v)
-            prefix = (*layer_cache, ctx["prefix_mask"])
+        kv = (k, v) if "return_kv" in ctx else None
+        if "prefix_mask" in ctx:  # training on a shared prompt
+            prefix = (*layer_input, ctx["prefix_mask"])
             out = causal_attention(q, k, v, ctx["key_mask"], self.attn_chunk, prefix)
-            new_cache = None
-        elif layer_cache is not None:
-            # The new keys are returned, not written here: the caller writes all layers' keys at
-            # once, in place, instead of copying every layer's cache slice through the scan.
-            k, v = k.swapaxes(1, 2).astype(dt), v.swapaxes(1, 2).astype(dt)  # the cache's layout
-            new = (k, v, ctx["visible_new"])
-            out = attention(q, *layer_cache, ctx["visible"], new, heads_first=True)
-            new_cache = (k, v)
+        elif cache is not None:
+            out, cache = cached_attention(q, k.astype(dt), v.astype(dt), cache, layer_input, ctx)
+        elif self.attention == "xla":
+            out = causal_attention(q, k, v, ctx["key_mask"], self.attn_chunk)
         else:
-            if self.attention == "xla":
-                out = causal_attention(q, k, v, ctx["key_mask"], self.attn_chunk)
-            else:
-                interpret = self.attention == "splash_interpret"
-                out = splash_causal_attention(q, k, v, ctx["key_mask"], interpret)
-            new_cache = (k, v) if "return_kv" in ctx else None
+            interpret = self.attention == "splash_interpret"
+            out = splash_causal_attention(q, k, v, ctx["key_mask"], interpret)
         out = constrain(out, "batch", None, "heads", None).reshape(b, t, cfg.num_heads * hd)
-        return _dense(cfg.hidden_size, "o_proj", dt, pdt)(out), new_cache
+        return _dense(cfg.hidden_size, "o_proj", dt, pdt)(out), cache, kv
 
 
 class Kernel(nn.Module):
@@ -396,7 +434,7 @@ class Mlp(nn.Module):
 
 
 class DecoderLayer(nn.Module):
-    """One pre-norm decoder block; scanned over layers together with its slice of the KV cache."""
+    """One pre-norm decoder block; scanned over layers with the whole KV cache in the carry."""
 
     cfg: QwenConfig
     dtype: Any
@@ -406,19 +444,21 @@ class DecoderLayer(nn.Module):
     attention: str = "xla"
 
     @nn.compact
-    def __call__(self, x: jax.Array, layer_cache: Any, ctx: dict) -> tuple[jax.Array, Any]:
-        """x [B,T,E] -> (x', updated (k, v) cache slice or None)."""
+    def __call__(self, carry: tuple, layer_input: Any, ctx: dict) -> tuple[tuple, Any]:
+        """carry (x [B,T,E], the whole (k, v) cache or None) -> (the carry after this layer,
+        this layer's (k, v) or None); layer_input and the cache as in `SelfAttention`."""
+        x, cache = carry
         eps, dt, pdt = self.cfg.rms_norm_eps, self.dtype, self.param_dtype
         x = constrain(x, "batch", None, None)
         h = RMSNorm(eps, dt, pdt, name="input_layernorm")(x)
         attn = SelfAttention(self.cfg, dt, pdt, self.attn_chunk, self.attention, name="self_attn")
-        a, new_cache = attn(h, layer_cache, ctx)
+        a, cache, kv = attn(h, cache, layer_input, ctx)
         x = constrain(x + a, "batch", None, None)
         h = RMSNorm(eps, dt, pdt, name="post_attention_layernorm")(x)
         x = constrain(
             x + Mlp(self.cfg, dt, pdt, self.mlp_chunk, name="mlp")(h), "batch", None, None
         )
-        return x, new_cache
+        return (x, cache), kv
 
 
 class Qwen(nn.Module):
@@ -487,7 +527,7 @@ class Qwen(nn.Module):
         mask = mask.astype(bool)
         if cache is None:
             ctx = {"cos": cos, "sin": sin, "key_mask": mask}
-            layer_cache = None
+            kv_cache = layers = None
         else:
             # Cached slots from the write position on are being overwritten by this call.
             index = cache["index"]
@@ -496,19 +536,16 @@ class Qwen(nn.Module):
             causal = jnp.arange(t)[None, :] <= jnp.arange(t)[:, None]
             visible_new = causal[None] & mask[:, None, :]
             ctx = {"cos": cos, "sin": sin, "visible": visible, "visible_new": visible_new}
-            layer_cache = (cache["k"], cache["v"])
+            ctx["index"] = index  # where each layer writes its new keys
+            kv_cache, layers = (cache["k"], cache["v"]), jnp.arange(self.cfg.num_layers)
         x = constrain(self.embed_tokens(input_ids), "batch", None, None)
-        x, new_layer_cache = self.layers(x, layer_cache, ctx)
+        (x, kv_cache), _ = self.layers((x, kv_cache), layers, ctx)
         new_cache = None
         if cache is not None:
-            k, v = (
-                write_cache(c, n, index, *CACHE_AXES[name])
-                for name, c, n in zip("kv", layer_cache, new_layer_cache)
-            )
             advance = t if index.ndim == 0 else jnp.sum(mask, axis=1, dtype=jnp.int32)
             new_cache = {
-                "k": k,
-                "v": v,
+                "k": kv_cache[0],
+                "v": kv_cache[1],
                 "mask": write_cache(cache["mask"], mask, index, *CACHE_AXES["mask"]),
                 "index": index + advance,
             }
@@ -563,7 +600,7 @@ class Qwen(nn.Module):
         rows_per_prompt = input_ids.shape[0] // ids.shape[0]
         cos, sin = rope_tables(prompt_positions, self.cfg)
         ctx = {"cos": cos, "sin": sin, "key_mask": prompt_mask.astype(bool), "return_kv": ()}
-        _, (k, v) = self.layers(self.embed_tokens(ids), None, ctx)
+        _, (k, v) = self.layers((self.embed_tokens(ids), None), None, ctx)
         k, v = (jnp.repeat(a, rows_per_prompt, axis=1) for a in (k, v))  # [L, B, P, KVH, D]
         cos, sin = rope_tables(positions, self.cfg)
         ctx = {
@@ -572,7 +609,7 @@ class Qwen(nn.Module):
             "key_mask": mask.astype(bool),
             "prefix_mask": jnp.repeat(prompt_mask.astype(bool), rows_per_prompt, axis=0),
         }
-        x, _ = self.layers(self.embed_tokens(input_ids), (k, v), ctx)
+        (x, _), _ = self.layers((self.embed_tokens(input_ids), None), (k, v), ctx)
         return self.norm(x)
 
 

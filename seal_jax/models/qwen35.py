@@ -22,7 +22,8 @@ full, scanned eight times for 32 layers); the parameters of pattern position j a
 Cache (`init_cache`): the Qwen KV cache of the full layers (`k`, `v`: [F, B, KVH, S, D], `mask`,
 `index`; see `seal_jax.models.qwen`) plus, per linear layer, `conv` [N, B, K-1, C] (the last K-1
 real convolution inputs) and `state` [N, B, Hv, Dk, Dv] (float32 recurrent state). Their size
-does not depend on the history length.
+does not depend on the history length. The whole cache is the layer scan's carry, each layer
+reading and writing its own entries, so a donated cache is updated in place.
 """
 
 from __future__ import annotations
@@ -42,7 +43,7 @@ from seal_jax.models.qwen import (
     SharedPrompt,
     _dense,
     apply_rope,
-    attention,
+    cached_attention,
     causal_attention,
     chunked_token_logprobs,
     splash_causal_attention,
@@ -286,7 +287,11 @@ class GatedAttention(nn.Module):
 
     @nn.compact
     def __call__(self, x: jax.Array, layer_cache: Any, ctx: dict) -> tuple[jax.Array, Any]:
-        """x [B,T,E] -> (output [B,T,E], this call's (k, v) in the cache's layout, or None)."""
+        """x [B,T,E] -> (output [B,T,E], the cache or None).
+
+        layer_cache: None, or (the whole (k, v) cache of the full layers, this layer's index in
+        it): the call's keys and values are written there (`qwen.cached_attention`).
+        """
         cfg, dt, pdt = self.cfg, self.dtype, self.param_dtype
         b, t, _ = x.shape
         h, kvh, hd = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
@@ -304,11 +309,8 @@ class GatedAttention(nn.Module):
             OffsetRMSNorm(cfg.rms_norm_eps, dt, pdt, name="k_norm")(k), *ctx["rope"]
         )
         new_cache = None
-        if layer_cache is not None:  # the caller writes the new keys (see qwen.SelfAttention)
-            k, v = k.swapaxes(1, 2).astype(dt), v.swapaxes(1, 2).astype(dt)
-            new = (k, v, ctx["visible_new"])
-            out = attention(q, *layer_cache, ctx["visible"], new, heads_first=True)
-            new_cache = (k, v)
+        if layer_cache is not None:
+            out, new_cache = cached_attention(q, k.astype(dt), v.astype(dt), *layer_cache, ctx)
         elif self.attention == "xla":
             out = causal_attention(q, k, v, ctx["key_mask"], self.attn_chunk)
         else:
@@ -331,28 +333,49 @@ class Qwen35Layer(nn.Module):
     attention: str = "xla"
 
     @nn.compact
-    def __call__(self, x: jax.Array, layer_cache: Any, ctx: dict) -> tuple[jax.Array, Any]:
-        """x [B,T,E] -> (x', the layer's new cache entries or None)."""
+    def __call__(
+        self, x: jax.Array, cache: Cache | None, index: jax.Array | None, ctx: dict
+    ) -> tuple[jax.Array, Cache | None]:
+        """x [B,T,E] -> (x', the cache with this layer's entries updated, or None).
+
+        cache: None, or the whole {"k", "v", "conv", "state"} cache; index: this layer's entry
+        in the cache arrays of its kind.
+        """
         cfg, dt, pdt = self.cfg, self.dtype, self.param_dtype
         x = constrain(x, "batch", None, None)
         h = OffsetRMSNorm(cfg.rms_norm_eps, dt, pdt, name="input_layernorm")(x)
         if self.kind == LINEAR_ATTENTION:
-            a, new = GatedDeltaNet(cfg, dt, pdt, name="linear_attn")(h, layer_cache, ctx)
+            a, cache = self._linear(h, cache, index, ctx)
         else:
             mixer = GatedAttention(cfg, dt, pdt, self.attn_chunk, self.attention, name="self_attn")
-            a, new = mixer(h, layer_cache, ctx)
+            layer_cache = None if cache is None else ((cache["k"], cache["v"]), index)
+            a, kv = mixer(h, layer_cache, ctx)
+            cache = None if cache is None else {**cache, "k": kv[0], "v": kv[1]}
         x = constrain(x + a, "batch", None, None)
         h = OffsetRMSNorm(cfg.rms_norm_eps, dt, pdt, name="post_attention_layernorm")(x)
         x = x + Mlp(cfg, dt, pdt, self.mlp_chunk, name="mlp")(h)
-        return constrain(x, "batch", None, None), new
+        return constrain(x, "batch", None, None), cache
+
+    def _linear(
+        self, h: jax.Array, cache: Cache | None, index: jax.Array | None, ctx: dict
+    ) -> tuple[jax.Array, Cache | None]:
+        """The linear attention, its (conv, state) read from the cache at `index` and the new
+        ones written back there (in place: each is written after its read)."""
+        mixer = GatedDeltaNet(self.cfg, self.dtype, self.param_dtype, name="linear_attn")
+        if cache is None:
+            return mixer(h, None, ctx)
+        names = ("conv", "state")
+        state = [jax.lax.dynamic_index_in_dim(cache[n], index, keepdims=False) for n in names]
+        a, new = mixer(h, state, ctx)
+        for name, y in zip(names, new):
+            y = y.astype(cache[name].dtype)
+            cache = {**cache, name: jax.lax.dynamic_update_index_in_dim(cache[name], y, index, 0)}
+        return a, cache
 
 
 class LayerGroup(nn.Module):
-    """One repetition of cfg.layer_pattern (the body of the layer scan).
-
-    group_cache: None, or {"k", "v": [full layers of the pattern, ...], "conv", "state":
-    [linear layers of the pattern, ...]} slices of the cache (see the module docstring).
-    """
+    """One repetition of cfg.layer_pattern (the body of the layer scan). The whole cache is in
+    the scan's carry, so a donated cache is updated in place (see `seal_jax.models.qwen`)."""
 
     cfg: Qwen35Config
     dtype: Any
@@ -362,15 +385,16 @@ class LayerGroup(nn.Module):
     attention: str = "xla"
 
     @nn.compact
-    def __call__(self, x: jax.Array, group_cache: Any, ctx: dict) -> tuple[jax.Array, Any]:
-        """x [B,T,E] -> (x', the group's new cache entries stacked like group_cache, or None)."""
-        new: dict[str, list[jax.Array]] = {"k": [], "v": [], "conv": [], "state": []}
+    def __call__(self, carry: tuple, group: jax.Array | None, ctx: dict) -> tuple[tuple, None]:
+        """carry (x [B,T,E], the cache or None) -> (the carry after the group, None); group:
+        this repetition's index when there is a cache."""
+        x, cache = carry
+        pattern = self.cfg.layer_pattern
         seen = {LINEAR_ATTENTION: 0, FULL_ATTENTION: 0}
-        names = {LINEAR_ATTENTION: ("conv", "state"), FULL_ATTENTION: ("k", "v")}
-        for j, kind in enumerate(self.cfg.layer_pattern):
-            i, (a, b) = seen[kind], names[kind]
+        for j, kind in enumerate(pattern):
+            # This layer's entry in its kind's cache arrays (ordered as the layers).
+            index = None if cache is None else group * pattern.count(kind) + seen[kind]
             seen[kind] += 1
-            layer_cache = None if group_cache is None else (group_cache[a][i], group_cache[b][i])
             layer = Qwen35Layer(
                 self.cfg,
                 kind,
@@ -381,13 +405,8 @@ class LayerGroup(nn.Module):
                 self.attention,
                 name=f"l{j}",
             )
-            x, out = layer(x, layer_cache, ctx)
-            if out is not None:
-                new[a].append(out[0])
-                new[b].append(out[1])
-        if group_cache is None:
-            return x, None
-        return x, {name: jnp.stack(v) for name, v in new.items() if v}
+            x, cache = layer(x, cache, index, ctx)
+        return (x, cache), None
 
 
 class Qwen35(nn.Module):
@@ -445,30 +464,21 @@ class Qwen35(nn.Module):
         t = input_ids.shape[1]
         mask = mask.astype(bool)
         ctx = {"rope": rope_tables(positions, self.cfg), "key_mask": mask}
-        group_cache = None
+        carried = groups = None
         if cache is not None:
             index = cache["index"]
             slot = jnp.arange(cache["mask"].shape[1])
             ctx["visible"] = (cache["mask"] & (slot < index[..., None]))[:, None, :]
             causal = jnp.arange(t)[None, :] <= jnp.arange(t)[:, None]
             ctx["visible_new"] = causal[None] & mask[:, None, :]
-            groups = self.cfg.num_layers // len(self.cfg.layer_pattern)
-            group_cache = {
-                name: cache[name].reshape(groups, -1, *cache[name].shape[1:])
-                for name in ("k", "v", "conv", "state")
-            }
+            ctx["index"] = index  # where the full layers write their new keys
+            carried = {name: cache[name] for name in ("k", "v", "conv", "state")}
+            groups = jnp.arange(self.cfg.num_layers // len(self.cfg.layer_pattern))
         x = constrain(self.embed_tokens(input_ids), "batch", None, None)
-        x, new = self.layers(x, group_cache, ctx)
+        (x, carried), _ = self.layers((x, carried), groups, ctx)
         if cache is None:
             return self.norm(x), None
-        new = {name: y.reshape(-1, *y.shape[2:]) for name, y in new.items()}
-        new_cache = dict(cache)
-        for name in ("k", "v"):
-            if name in new:
-                new_cache[name] = write_cache(cache[name], new[name], index, *CACHE_AXES[name])
-        for name in ("conv", "state"):
-            if name in new:
-                new_cache[name] = new[name].astype(cache[name].dtype)
+        new_cache = {**cache, **carried}
         advance = t if index.ndim == 0 else jnp.sum(mask, axis=1, dtype=jnp.int32)
         new_cache["mask"] = write_cache(cache["mask"], mask, index, *CACHE_AXES["mask"])
         new_cache["index"] = index + advance
