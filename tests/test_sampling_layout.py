@@ -38,6 +38,7 @@ def decode_gathers(engine):
     class C: pass
     config = C(); config.rollout = C(); config.train = C(); config.rl = C()
     config.rollout.context_limit, config.rollout.micro_batch_tasks = 128, 4
+    config.rollout.slots = 0
     config.train.batch_tasks, config.rl.group_size = 4, 2
     model = LoadedModel(cfg, aot._with_shardings(
         jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), params),
