@@ -6,8 +6,9 @@ distribution (the stop id is out of reach, so a reply is exactly its budget):
   * long-tailed: 85% of replies 8 tokens, 15% 160; observations 90% 16 tokens, 10% 256; 1-4
     turns per episode.
   * uniform: every reply 32 tokens, every observation 32 tokens, 3 turns.
-The environment answers at once, in this process: the figures are the device schedule alone
-(a real environment's latency adds to lockstep's turn barrier, not to the stream's).
+The environment answers in this process, at once for lockstep and during the next decode round
+for continuous batching (the episode driver's schedule): the figures are the device schedule
+alone (a real environment's latency adds to lockstep's turn barrier, not to the stream's).
   * lockstep: `RolloutEngine.start` over chunks of S rows; each turn waits for its longest reply.
   * continuous: `seal_jax.continuous.ContinuousRollout` with S slots, every episode queued.
 Both hold S rows in their caches (equal memory, up to the cache lengths, which are measured:
@@ -81,22 +82,27 @@ def run_lockstep(engine, params, episodes: list[dict], slots: int, group: int) -
 
 
 def run_continuous(engine, params, episodes: list[dict], slots: int, group: int) -> int:
-    """Every episode streamed through `slots` slots; returns the tokens sampled."""
+    """Every episode streamed through `slots` slots, with the episode driver's schedule
+    (`seal_jax.episodes.stream_episodes`): the turns that end in one round are answered while
+    the next round decodes and continue in the round after. Returns the tokens sampled."""
     stream = ContinuousRollout(engine, params, slots=slots, seed=0)
     for start in range(0, len(episodes), group):
         rows = range(start, min(start + group, len(episodes)))
         first = {r: episodes[r]["budgets"][0] for r in rows}
         stream.add(episodes[start]["prompt"], rows, max_new_tokens=first)
-    done, sampled = dict.fromkeys(range(len(episodes)), 0), 0
+    done, sampled, answered = dict.fromkeys(range(len(episodes)), 0), 0, []
     while stream.busy:
-        for r, turn in stream.step().items():
-            sampled += len(turn.ids)
-            done[r] += 1
+        turns = stream.step() if stream.decoding else {}
+        for r in answered:
             e = episodes[r]
             if done[r] == len(e["budgets"]):
                 stream.finish(r)
             else:
                 stream.extend(r, e["observations"][done[r] - 1], e["budgets"][done[r]])
+        for r, turn in turns.items():
+            sampled += len(turn.ids)
+            done[r] += 1
+        answered = sorted(turns)
     return sampled
 
 

@@ -169,11 +169,12 @@ def stream_episodes(
     first_row: int = 0,
 ) -> EpisodeBatch:
     """`generate_episodes` with continuous batching (`seal_jax.continuous`): the episodes
-    stream through `slots` decode slots; a reply goes to the pool as soon as its turn ends,
-    while the other rows decode, and its observation starts the row's next turn as soon as it
-    is back; a finished episode's slot takes the next one. Same tokens as `generate_episodes`
-    for the same seed and rows. `timings` count the time this thread spent decoding
-    (generate_s) and waiting for the pool (env_s)."""
+    stream through `slots` decode slots, and a finished episode's slot takes the next one.
+    The replies whose turns end in one decode round go to the pool at once and are answered
+    while the next round decodes; their rows continue in the round after. That schedule depends
+    only on the episodes, never on how fast the pool answers, so a run is reproducible to the
+    bit (resume) and gives `generate_episodes`' tokens for the same seed and rows. `timings`
+    count the time this thread spent decoding (generate_s) and waiting for the pool (env_s)."""
     timings = {"generate_s": 0.0, "env_s": 0.0}
     t0 = time.perf_counter()
     prompts = _open_episodes(engine, chat, pool, task_ids, num_samples, renderer)
@@ -181,26 +182,30 @@ def stream_episodes(
     stream = continuous.ContinuousRollout(engine, params, slots, seed, first_row)
     for i, prompt in enumerate(prompts):
         stream.add(prompt, range(i * num_samples, (i + 1) * num_samples))
-    replies: dict[int, rollout_lib.Turn] = {}  # the turn each pool step answers
+    in_pool: dict[int, rollout_lib.Turn] = {}  # rows whose reply the pool has: their turn
     while stream.busy:
-        if stream.decoding:
-            t0 = time.perf_counter()
-            for r, turn in stream.step().items():
-                if turn.stop_reason == rollout_lib.CONTEXT_LIMIT and not turn.ids:
-                    pool.stop([r])  # no reply fits: the pool ends this episode as it stands
-                    continue
-                replies[r] = turn
-                pool.submit(r, _reply_text(chat, turn.ids))
-            timings["generate_s"] += time.perf_counter() - t0
         t0 = time.perf_counter()
-        for r, observation, done in pool.poll(timeout=0.0 if stream.decoding else None):
-            turn = replies.pop(r)
+        turns = stream.step() if stream.decoding else {}
+        timings["generate_s"] += time.perf_counter() - t0
+        t0 = time.perf_counter()
+        answers = {}
+        while pool.in_flight:  # the last round's replies, answered during this round
+            answers.update((r, (obs, done)) for r, obs, done in pool.poll(timeout=None))
+        for r in sorted(answers):
+            observation, done = answers[r]
+            turn = in_pool.pop(r)
             if done or turn.stop_reason == rollout_lib.CONTEXT_LIMIT:
                 pool.stop([r])  # a reply that filled the context: nothing more can follow
                 stream.finish(r)
+            else:
+                closed = chat.turn_closed(turn.ids)
+                stream.extend(r, chat.env_ids(observation, turn_closed=closed))
+        for r, turn in sorted(turns.items()):
+            if turn.stop_reason == rollout_lib.CONTEXT_LIMIT and not turn.ids:
+                pool.stop([r])  # no reply fits: the pool ends this episode as it stands
                 continue
-            closed = chat.turn_closed(turn.ids)
-            stream.extend(r, chat.env_ids(observation, turn_closed=closed))
+            in_pool[r] = turn
+            pool.submit(r, _reply_text(chat, turn.ids))
         timings["env_s"] += time.perf_counter() - t0
     t0 = time.perf_counter()
     results = pool.results()
