@@ -20,7 +20,8 @@ One `step` is a scheduling round:
      fit in half of them. Memory is slots x the cache length, at most slots x context_limit.
   3. The pending tokens of every row about to decode (environment ids, a prompt's last token,
      a reply's last sampled token) are prefilled for those rows only (`prefill_rows`), rows
-     grouped by piece width, so a long observation pads no other row.
+     grouped by piece width, so a long observation pads no other row, and at most a quarter of
+     the slots per call (the program copies the rows it prefills).
   4. One decode segment runs over all slots (`decode_segment`; slots without a turn are idle).
      It ends as soon as `refill` rows have finished their turn (or all, if fewer decode), so
      their replies reach the environment while the other rows' turns go on in the next round.
@@ -294,7 +295,12 @@ class ContinuousRollout:
             for slot, ids in todo.items():
                 groups.setdefault(self._piece_width(len(ids)), []).append(slot)
             for width, slots in groups.items():
-                self._prefill_piece({s: todo[s][:width] for s in slots}, width)
+                # At most a quarter of the slots per call: `prefill_rows` holds a copy of the
+                # rows it prefills, so its temporaries stay at a quarter of the cache.
+                step = max(self.slots // 4, self.engine.batch_shards)
+                for i in range(0, len(slots), step):
+                    some = slots[i : i + step]
+                    self._prefill_piece({s: todo[s][:width] for s in some}, width)
                 for s in slots:
                     todo[s] = todo[s][width:]
             todo = {s: ids for s, ids in todo.items() if ids}

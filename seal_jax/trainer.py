@@ -121,7 +121,13 @@ def _engine(
     engine_config = rollout.EngineConfig.from_config(
         config.rollout, max_new, chat.stop_ids, sampling
     )
-    return rollout.RolloutEngine(model.config, mesh, engine_config, model.compute_dtype, layout)
+    engine = rollout.RolloutEngine(model.config, mesh, engine_config, model.compute_dtype, layout)
+    if config.rollout.slots % engine.batch_shards:
+        raise config_lib.ConfigError(
+            f"--config.rollout.slots={config.rollout.slots} must be a multiple of the rows the "
+            f"rollout mesh splits a batch into ({engine.batch_shards})"
+        )
+    return engine
 
 
 def build(config: Any, model: LoadedModel, workdir: str) -> Run:

@@ -36,6 +36,7 @@ def _run(*args, tmp_path):
         (["--config=configs/qwen.py", "--config.rl.old_logprobs=cached"], "must be one of"),
         (["--config=configs/qwen.py", "--config.model.scan_unroll=0"], "use 1 or more"),
         (["--config=configs/tiny.py", "--config.sft.all_token_fraction=1.5"], "use 0.0 to 1.0"),
+        (["--config=configs/tiny.py", "--config.rollout.slots=-1"], "use 0 (lockstep) or more"),
         (["--config=configs/qwen.py"], "set --config.model.path"),
         (["--config=configs/tiny.py", "--config.sft.categories=('nope',)"], "unknown ['nope']"),
         (
