@@ -158,7 +158,27 @@ def lower_rollout(config: Any, model: LoadedModel, engine: Any) -> dict[str, tup
     with jax.set_mesh(engine.mesh):
         lowered["rollout_prefill"] = (engine.program("prefill", variant).lower(*prefill), prefill)
         lowered["rollout_decode"] = (engine.program("decode", variant).lower(*decode), decode)
+        if config.rollout.slots:
+            lowered.update(_lower_slot_programs(engine, variant, params, cache, a["logits"]))
     return lowered
+
+
+def _lower_slot_programs(
+    engine: Any, variant: Any, params: Any, cache: Any, logits: Any
+) -> dict[str, tuple[Any, tuple]]:
+    """Continuous batching's programs on some rows of the slots' cache (`seal_jax.continuous`):
+    a prefill of a quarter of the slots (at most that many per call) and a row copy."""
+    slots = cache["mask"].shape[0]
+    rows = engine.batch_bucket(max(slots // 4, engine.batch_shards))
+    index = jax.ShapeDtypeStruct((rows,), jnp.int32)
+    ids = engine.abstract_rows((rows, engine.config.prefill_chunk), jnp.int32)
+    lengths = engine.abstract_rows((rows,), jnp.int32)
+    prefill = (params, cache, logits, index, ids, lengths)
+    copy = (cache, index, index)
+    return {
+        "rollout_prefill_rows": (engine.program("prefill_rows", variant).lower(*prefill), prefill),
+        "rollout_copy_rows": (engine.program("copy_rows", None).lower(*copy), copy),
+    }
 
 
 def _batch(mesh: Mesh, rows: int, length: int, with_ref: bool) -> dict[str, Any]:
@@ -466,6 +486,8 @@ def check(config: Any, cfg: QwenConfig, workdir: str, topology: str | None = Non
         "sampling_copy": resident["opt_state"] + reference_beside,
         "rollout_prefill": rollout_beside,
         "rollout_decode": rollout_beside,
+        "rollout_prefill_rows": rollout_beside,
+        "rollout_copy_rows": rollout_beside,
     }
     programs, tpu, gathers = [], devices[0].platform == "tpu", {}
     for name, (low, args) in lowered.items():
@@ -504,7 +526,7 @@ def _advice(program: str) -> str:
     """The settings that shrink a program's memory."""
     if program.startswith("rollout"):
         return (
-            "fewer rows per rollout chunk (rollout.micro_batch_tasks), a shorter "
+            "fewer rows per rollout chunk (rollout.micro_batch_tasks or rollout.slots), a shorter "
             "rollout.context_limit, or more chips"
         )
     return (

@@ -35,11 +35,12 @@ def _compile(workdir, *extra):
 
 
 def test_compile_mode_reports_every_program_and_refuses_what_cannot_fit(tmp_path):
-    proc = _compile(tmp_path / "fits")
+    proc = _compile(tmp_path / "fits", "--config.rollout.slots=16")  # continuous batching
     assert proc.returncode == 0, proc.stderr[-3000:]
     report = json.loads((tmp_path / "fits" / "compile.json").read_text())
     names = [p["name"] for p in report["programs"]]
-    assert names == ["update_micro_step", "logprob_pass", "rollout_prefill", "rollout_decode"]
+    rollout = ["rollout_prefill", "rollout_decode", "rollout_prefill_rows", "rollout_copy_rows"]
+    assert names == ["update_micro_step", "logprob_pass", *rollout]
     assert report["fits"] and report["chips"] == 8 and report["hbm_bytes_per_chip"] > 0
     for program in report["programs"]:
         assert 0 < program["peak_bytes_per_chip"] <= report["hbm_bytes_per_chip"], program
