@@ -13,7 +13,8 @@ alone (a real environment's latency adds to lockstep's turn barrier, not to the 
   * continuous: `seal_jax.continuous.ContinuousRollout` with S slots, every episode queued.
 Both hold S rows in their caches (equal memory, up to the cache lengths, which are measured:
 peak bytes of the device arrays beyond the parameters, sampled at every device call of an
-untimed first run that also compiles every shape). Random weights, float32, one device.
+untimed first run that also compiles every shape); times are medians of --repeats runs of each,
+alternated. Random weights, float32, one device.
 
     python -m benchmarks.bench_continuous                        # tiny policy, both workloads
     python -m benchmarks.bench_continuous --shape=qwen2.5-0.5b --episodes=16 --slots=8
@@ -134,6 +135,7 @@ def main() -> None:
     parser.add_argument("--group", type=int, default=4, help="rows per prompt (G)")
     parser.add_argument("--workloads", default="long-tailed,uniform")
     parser.add_argument("--decode_segment", type=int, default=64)
+    parser.add_argument("--repeats", type=int, default=3, help="timed runs of each (median)")
     args = parser.parse_args()
     cfg = model_config(args.shape)
     params = init_params(cfg, jax.random.key(0))
@@ -160,18 +162,23 @@ def main() -> None:
     )
     for name in args.workloads.split(","):
         episodes = workload(name, args.episodes, cfg.vocab_size)
-        rates = {}
-        for schedule, run in (("lockstep", run_lockstep), ("continuous", run_continuous)):
-            go = functools.partial(run, engine, params, episodes, args.slots, args.group)
-            peak = peak_bytes(engine, go)  # also compiles every shape
-            start = time.perf_counter()
-            tokens = go()
-            seconds = time.perf_counter() - start
-            rates[schedule] = len(episodes) / seconds
-            ratio = rates[schedule] / rates["lockstep"]
+        runs = {
+            schedule: functools.partial(run, engine, params, episodes, args.slots, args.group)
+            for schedule, run in (("lockstep", run_lockstep), ("continuous", run_continuous))
+        }
+        peaks = {schedule: peak_bytes(engine, go) for schedule, go in runs.items()}  # compiles
+        times = {schedule: [] for schedule in runs}
+        for _ in range(args.repeats):  # alternated, so that load changes hit both alike
+            for schedule, go in runs.items():
+                start = time.perf_counter()
+                tokens = go()
+                times[schedule].append(time.perf_counter() - start)
+        rates = {s: len(episodes) / float(np.median(t)) for s, t in times.items()}
+        for schedule in runs:
+            seconds = float(np.median(times[schedule]))
             print(
                 f"{name:>12} {schedule:>10} {rates[schedule]:>10.2f} {tokens / seconds:>9.0f} "
-                f"{peak / 2**20:>8.1f} {ratio:>7.2f}x"
+                f"{peaks[schedule] / 2**20:>8.1f} {rates[schedule] / rates['lockstep']:>7.2f}x"
             )
 
 

@@ -167,9 +167,9 @@ def _lower_slot_programs(
     engine: Any, variant: Any, params: Any, cache: Any, logits: Any
 ) -> dict[str, tuple[Any, tuple]]:
     """Continuous batching's programs on some rows of the slots' cache (`seal_jax.continuous`):
-    a prefill of a quarter of the slots (at most that many per call) and a row copy."""
+    a prefill of half the slots (at most that many per call) and a row copy."""
     slots = cache["mask"].shape[0]
-    rows = engine.batch_bucket(max(slots // 4, engine.batch_shards))
+    rows = engine.batch_bucket(max(slots // 2, engine.batch_shards))
     index = jax.ShapeDtypeStruct((rows,), jnp.int32)
     ids = engine.abstract_rows((rows, engine.config.prefill_chunk), jnp.int32)
     lengths = engine.abstract_rows((rows,), jnp.int32)

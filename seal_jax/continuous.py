@@ -20,8 +20,8 @@ One `step` is a scheduling round:
      fit in half of them. Memory is slots x the cache length, at most slots x context_limit.
   3. The pending tokens of every row about to decode (environment ids, a prompt's last token,
      a reply's last sampled token) are prefilled for those rows only (`prefill_rows`), rows
-     grouped by piece width, so a long observation pads no other row, and at most a quarter of
-     the slots per call (the program copies the rows it prefills).
+     grouped by piece width, so a long observation pads no other row, and at most half the
+     slots per call (the program copies the rows it prefills).
   4. One decode segment runs over all slots (`decode_segment`; slots without a turn are idle).
      It ends as soon as `refill` rows have finished their turn (or all, if fewer decode), so
      their replies reach the environment while the other rows' turns go on in the next round.
@@ -286,18 +286,18 @@ class ContinuousRollout:
 
     def _prefill_slots(self, chunks: dict[int, list[int]]) -> None:
         """Appends ids to cache rows {slot: ids}, over those rows only; their next-token logits
-        are kept. Each call takes, per row, the largest power of two of its remaining ids (at
-        most prefill_chunk; at least min_prefill_width, padded), rows grouped by that width:
-        no row is padded to a longer row's width, and a row pads less than a power of two."""
+        are kept. Each call takes, per row, a piece of its remaining ids (`_piece_width`), rows
+        grouped by that width: no row is padded to a longer row's width, and a row pads less
+        than the narrowest piece."""
         todo = {s: list(ids) for s, ids in chunks.items() if ids}
         while todo:
             groups: dict[int, list[int]] = {}
             for slot, ids in todo.items():
                 groups.setdefault(self._piece_width(len(ids)), []).append(slot)
             for width, slots in groups.items():
-                # At most a quarter of the slots per call: `prefill_rows` holds a copy of the
-                # rows it prefills, so its temporaries stay at a quarter of the cache.
-                step = max(self.slots // 4, self.engine.batch_shards)
+                # At most half the slots per call: `prefill_rows` holds a copy of the rows it
+                # prefills, so its temporaries stay at half the cache.
+                step = max(self.slots // 2, self.engine.batch_shards)
                 for i in range(0, len(slots), step):
                     some = slots[i : i + step]
                     self._prefill_piece({s: todo[s][:width] for s in some}, width)
@@ -306,9 +306,15 @@ class ContinuousRollout:
             todo = {s: ids for s, ids in todo.items() if ids}
 
     def _piece_width(self, n: int) -> int:
-        """The prefill width for a row with n ids left (see `_prefill_slots`)."""
+        """The prefill width for a row with n ids left: the narrowest width bucket (2^k or
+        3 * 2^(k-1), from min_prefill_width to prefill_chunk) that holds them with less padding
+        than the narrowest piece, else the widest one they fill."""
         config = self.engine.config
-        return max(min(1 << (n.bit_length() - 1), config.prefill_chunk), config.min_prefill_width)
+        low, high = config.min_prefill_width, config.prefill_chunk
+        buckets = sorted({w for k in range(high.bit_length()) for w in (1 << k, 3 << k >> 1)})
+        buckets = [w for w in buckets if low <= w <= high] or [high]
+        fits = [w for w in buckets if 0 <= w - n < low]
+        return fits[0] if fits else max([w for w in buckets if w <= n], default=buckets[0])
 
     def _prefill_piece(self, pieces: dict[int, list[int]], width: int) -> None:
         """One `prefill_rows` call: ids {slot: at most `width` ids}, right-padded."""
