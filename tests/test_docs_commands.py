@@ -99,6 +99,11 @@ SKIP = {
     "the test install) and about 1.5 minutes; tests/test_compile_mode.py runs --mode=compile "
     "for simulated CPU devices",
     r"^python -m benchmarks\.compile_targets$": "needs libtpu and about 1.5 minutes per target",
+    r"^python -m benchmarks\.bench_continuous$": "compiles two schedules' programs (about a "
+    "minute on 2 cores at the smallest budget); tests/test_continuous.py checks that the "
+    "schedules give the same episodes",
+    r"benchmarks\.decode_roofline": "compiles Qwen2.5-7B decode steps for TPU topologies: needs "
+    "libtpu (not in the test install) and about a minute per target",
     r"^python -m benchmarks\.bench_compile_cache$": "runs configs/tiny.py's run.py job twice "
     "(over 2 minutes on 2 cores even at the smallest budget); run.py training is run here by "
     "the seal_vs_baselines smoke command",
