@@ -446,7 +446,9 @@ def test_evaluation_runs_and_reports_every_protocol(monkeypatch):
     """seal_jax.evaluation with the rollout replaced by the oracle policy on the same pool."""
     seen = []
 
-    def collect(engine, params, chat, pool, *, task_ids, num_samples, seed, renderer, chunk_tasks):
+    def collect(
+        engine, params, chat, pool, *, task_ids, num_samples, seed, renderer, chunk_tasks, slots
+    ):
         seen.append((pool.config.episode.mode, renderer))
         policy = evaluate.make_policy("oracle", list(task_ids))
         results = evaluate.run_episodes(policy, list(task_ids), pool, renderer=renderer)
