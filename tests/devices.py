@@ -1,16 +1,25 @@
-"""Runs a test body in a fresh Python process with N simulated CPU devices.
+"""Runs a test body in a fresh Python process with N simulated CPU devices, now or in the
+background beside the in-process tests.
 
 XLA fixes the device count when jax is first imported, and pytest imports jax once for all tests,
-so multi-device checks run in a subprocess.
+so multi-device checks run in a subprocess. A subprocess keeps about one core busy; on a 2-core
+machine one of them can run beside the tests, so the module-level pool runs one at a time.
 """
 
 from __future__ import annotations
 
+import concurrent.futures
 import os
 import subprocess
 import sys
+from collections.abc import Callable
+from typing import Any
+
+import pytest
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+_BACKGROUND = concurrent.futures.ThreadPoolExecutor(max_workers=1)
 
 
 def run_with_devices(code: str, num_devices: int = 8, timeout: int = 600) -> str:
@@ -30,3 +39,18 @@ def run_with_devices(code: str, num_devices: int = 8, timeout: int = 600) -> str
     if proc.returncode:
         raise AssertionError(f"subprocess failed ({proc.returncode}):\n{proc.stderr[-4000:]}")
     return proc.stdout
+
+
+def in_background(fn: Callable[..., Any], *args: Any) -> concurrent.futures.Future:
+    """Starts fn(*args) in the shared background thread (after the jobs started before it);
+    the future's `result()` waits for it and raises what it raised."""
+    return _BACKGROUND.submit(fn, *args)
+
+
+def selected(request: pytest.FixtureRequest, test: Callable[..., Any]) -> bool:
+    """Whether `test` (a test function of the requesting module) is among the session's tests,
+    so a module fixture starts its background work only when a test will read it."""
+    return any(
+        getattr(item, "module", None) is request.module and item.originalname == test.__name__
+        for item in request.session.items
+    )

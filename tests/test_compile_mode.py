@@ -7,6 +7,7 @@ import math
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import jax
 import pytest
@@ -28,14 +29,28 @@ ARGS = [
 
 
 def _compile(workdir, *extra):
+    """Starts `run.py --mode=compile`; its stdout and stderr go to files beside workdir."""
     env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=8"}
     env["JAX_PLATFORMS"] = "cpu"
     cmd = [sys.executable, "run.py", *ARGS, f"--workdir={workdir}", *extra]
-    return subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+    with open(f"{workdir}.out", "w") as out, open(f"{workdir}.err", "w") as err:
+        return subprocess.Popen(cmd, cwd=REPO, env=env, stdout=out, stderr=err, text=True)
+
+
+def _finished(proc, workdir):
+    """The finished process, with its output as `stdout` and `stderr` (as subprocess.run)."""
+    proc.wait(timeout=600)
+    proc.stdout, proc.stderr = (Path(f"{workdir}.{k}").read_text() for k in ("out", "err"))
+    return proc
 
 
 def test_compile_mode_reports_every_program_and_refuses_what_cannot_fit(tmp_path):
-    proc = _compile(tmp_path / "fits", "--config.rollout.slots=16")  # continuous batching
+    # Both runs at once: each compiles on one core.
+    fits = _compile(tmp_path / "fits", "--config.rollout.slots=16")  # continuous batching
+    # 64 rollout rows of a 262k-token context: a KV cache far beyond a CPU device's share.
+    big = ["--config.rollout.context_limit=262144", "--config.train.batch_tasks=8"]
+    too_big = _compile(tmp_path / "big", *big)
+    proc, too_big = _finished(fits, tmp_path / "fits"), _finished(too_big, tmp_path / "big")
     assert proc.returncode == 0, proc.stderr[-3000:]
     report = json.loads((tmp_path / "fits" / "compile.json").read_text())
     names = [p["name"] for p in report["programs"]]
@@ -48,9 +63,7 @@ def test_compile_mode_reports_every_program_and_refuses_what_cannot_fit(tmp_path
     assert not (tmp_path / "fits" / "warm_start").exists()  # no weights trained or loaded
     assert "update_micro_step" in proc.stdout and "peak" in proc.stdout
 
-    # 64 rollout rows of a 262k-token context: a KV cache far beyond a CPU device's share.
-    big = ["--config.rollout.context_limit=262144", "--config.train.batch_tasks=8"]
-    proc = _compile(tmp_path / "big", *big)
+    proc = too_big
     assert proc.returncode == 2, proc.stderr[-3000:]
     error = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
     assert len(error) == 1 and "needs" in error[0] and "per chip" in error[0], proc.stderr[-2000:]
@@ -109,6 +122,7 @@ def test_training_on_an_accelerator_stops_before_any_weight_when_a_program_canno
 
     config = tiny.get_config()
     config.compilation_cache_dir = ""
+    config.rollout.context_limit = 256  # the programs compile faster; none fits 1 MiB either way
     assert not modes._check_before_train(config)  # on this CPU host: no check
     monkeypatch.setattr(modes.jax, "default_backend", lambda: "gpu")
     monkeypatch.setattr(aot, "hbm_bytes", lambda device: 2**20)  # a 1 MiB accelerator

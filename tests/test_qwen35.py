@@ -10,7 +10,10 @@ pass have the same shape) and one two-turn rollout on one engine whose buckets a
 import dataclasses
 import json
 import logging
+import os
 import shutil
+import subprocess
+import sys
 
 import jax
 import jax.numpy as jnp
@@ -30,8 +33,8 @@ from seal_jax.models import (
 from seal_jax.models.config import Qwen35Config
 from seal_jax.models.qwen35 import chunked_delta_rule, recurrent_delta_rule
 from seal_jax.rollout import MAX_NEW_TOKENS
-from tests import hf_models
-from tests.devices import run_with_devices
+from tests import devices, hf_models
+from tests.devices import REPO
 from tests.test_rollout import engine, hf_greedy, prompts
 
 # Two prompts (each prefilled in one piece of 8) and six new tokens per turn.
@@ -378,14 +381,29 @@ print(json.dumps(out))
 """
 
 
-def test_eight_devices_shard_every_parameter_kind_and_match(checkpoints, greedy_references):
+@pytest.fixture(scope="module", autouse=True)
+def sharded_run(request):
+    """SHARDED on 8 devices, started in the background when the module's first test runs (when
+    the test that reads it is selected), so that it runs beside the in-process tests."""
+    if not devices.selected(request, test_eight_devices_shard_every_parameter_kind_and_match):
+        yield None
+        return
+    path, torch_model = request.getfixturevalue("checkpoints")["qwen35_mixed"]
+    ps = prompts(torch_model.config.vocab_size, PROMPT_LENGTHS)
+    argv = f"import sys; sys.argv = ['x', {path!r}, {json.dumps(ps)!r}, '{NEW_TOKENS}']\n"
+    started = devices.in_background(devices.run_with_devices, argv + SHARDED)
+    yield started
+    started.cancel()
+
+
+def test_eight_devices_shard_every_parameter_kind_and_match(
+    checkpoints, greedy_references, sharded_run
+):
     """On a 4 x 2 (data x tensor) mesh: the rules' layouts for every new parameter kind, torch's
     logits (the float32 and bfloat16 tolerances above) and greedy replies (one turn of two
     segments)."""
-    path, torch_model = checkpoints["qwen35_mixed"]
-    ps = prompts(torch_model.config.vocab_size, PROMPT_LENGTHS)
-    argv = f"import sys; sys.argv = ['x', {path!r}, {json.dumps(ps)!r}, '{NEW_TOKENS}']\n"
-    result = json.loads(run_with_devices(argv + SHARDED).splitlines()[-1])
+    _, torch_model = checkpoints["qwen35_mixed"]
+    result = json.loads(sharded_run.result().splitlines()[-1])
     specs = result["specs"]
     attn, lin = "layers/l1/self_attn", "layers/l0/linear_attn"
     assert specs[f"{attn}/q_proj/kernel"] == [None, "fsdp", "tensor"]
@@ -409,12 +427,6 @@ def test_eight_devices_shard_every_parameter_kind_and_match(checkpoints, greedy_
 def test_compile_mode_says_it_does_not_cover_qwen35_yet(checkpoints, tmp_path):
     """--mode=compile on a Qwen3.5 checkpoint ends in one clear error line (no memory plan yet),
     before any weight is read."""
-    import os
-    import subprocess
-    import sys
-
-    from tests.devices import REPO
-
     path, _ = checkpoints["qwen35_mixed"]
     cmd = [
         sys.executable,

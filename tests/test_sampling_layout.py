@@ -23,8 +23,10 @@ cfg = QwenConfig(model_type="qwen2", vocab_size=512, hidden_size=64, intermediat
 train_mesh = sharding.make_mesh(1, 8, 1)
 params = init_params(cfg, jax.random.key(0))
 params = jax.device_put(params, sharding.param_shardings(params, train_mesh))
-settings = EngineConfig(context_limit=128, max_new_tokens=24, stop_ids=(511,),
-                        prefill_chunk=16, decode_segment=8, min_cache_len=32)
+# Prefill pieces of 16 and a context the second turn's cache (96 slots) fills: fewer programs,
+# and the decode program compiled for the gather count is the second turn's, already compiled.
+settings = EngineConfig(context_limit=96, max_new_tokens=24, stop_ids=(511,), prefill_chunk=16,
+                        decode_segment=8, min_cache_len=32, min_prefill_width=16)
 rng = np.random.default_rng(0)
 prompts = [rng.integers(0, 510, n).tolist() for n in (5, 17, 9, 30)]
 
@@ -37,7 +39,7 @@ def rollout(engine, p):
 def decode_gathers(engine):
     class C: pass
     config = C(); config.rollout = C(); config.train = C(); config.rl = C()
-    config.rollout.context_limit, config.rollout.micro_batch_tasks = 128, 4
+    config.rollout.context_limit, config.rollout.micro_batch_tasks = 96, 4
     config.rollout.slots = 0
     config.train.batch_tasks, config.rl.group_size = 4, 2
     model = LoadedModel(cfg, aot._with_shardings(

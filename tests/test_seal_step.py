@@ -6,6 +6,10 @@ profile, utilities (re-derived by tests.test_weighting's independent reference),
 weights, GRPO advantages, and which rows the update trains on.
 """
 
+import dataclasses
+
+import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
@@ -55,16 +59,31 @@ def grpo_reference(rewards, group_size, eps):
     return np.asarray(out)
 
 
-@pytest.fixture
-def run(suite_model, tmp_path):
+@pytest.fixture(scope="module")
+def shared_run(suite_model, tmp_path_factory):
+    """One build (engines, jitted update) for the tests that train with these settings, so that
+    they compile its programs once: three tasks a step, one per optimizer step, groups without
+    signal dropped, a KL term. (rl.reference_on_host is read where the reference is made,
+    `update.frozen_reference`, not by the build.)"""
     c = get_config()
     c.model.path = suite_model
     c.env.name = "suite"
     c.train.batch_tasks, c.train.mini_batch_tasks = 3, 1
     c.rl.drop_constant_groups = True
     c.train.length_bucket = 16
-    c.rl.kl_coef = 0.0
-    return trainer.build(c, modes.load_policy(c), str(tmp_path))
+    c.rl.kl_coef = 0.1
+    return trainer.build(c, modes.load_policy(c), str(tmp_path_factory.mktemp("run")))
+
+
+def fresh(run):
+    """The run with a copy of the loaded parameters: an update donates the ones it is given."""
+    params = jax.tree.map(jnp.copy, run.model.params)
+    return dataclasses.replace(run, model=dataclasses.replace(run.model, params=params))
+
+
+@pytest.fixture
+def run(shared_run):
+    return fresh(shared_run)
 
 
 def test_one_step_weights_advantages_and_update_rows(run, monkeypatch):
@@ -90,7 +109,8 @@ def test_one_step_weights_advantages_and_update_rows(run, monkeypatch):
 
     state = trainer.initial_state(run)
     before = trainer.checksum(state.params)
-    metrics = trainer.train_one_step(run, state, pool=None, ref_params=None)
+    ref = update_lib.frozen_reference(state.params, run.model.compute_dtype)
+    metrics = trainer.train_one_step(run, state, pool=None, ref_params=ref)
 
     assert seen["tasks"] == trainer.step_tasks(cfg, run.source, 0) and state.step == 1
     assert seen["seed"] == cfg.seed * 1_000_003
@@ -117,18 +137,14 @@ def test_one_step_weights_advantages_and_update_rows(run, monkeypatch):
     assert trainer.checksum(state.params) != before
 
 
-def test_reference_on_host_gives_the_same_update(suite_model, tmp_path):
+def test_reference_on_host_gives_the_same_update(shared_run):
     """rl.reference_on_host keeps the reference in host memory between its passes and changes
-    nothing else: the same parameters and loss metrics after an update with KL."""
-    import jax
+    nothing else: the same parameters and loss metrics after an update with KL (every group
+    has signal, so all rows train)."""
 
     def update(on_host):
-        c = get_config()
-        c.model.path = suite_model
-        c.env.name = "suite"
-        c.train.batch_tasks, c.train.mini_batch_tasks, c.train.length_bucket = 3, 1, 16
-        c.rl.kl_coef, c.rl.reference_on_host = 0.1, on_host
-        run = trainer.build(c, modes.load_policy(c), str(tmp_path / str(on_host)))
+        run = fresh(shared_run)
+        c = run.config
         state = trainer.initial_state(run)
         ref = update_lib.frozen_reference(state.params, run.model.compute_dtype, on_host)
         batch = scripted_batch(trainer.step_tasks(c, run.source, 0), c.rl.group_size)
@@ -151,7 +167,6 @@ def test_moments_on_host_give_the_same_update(suite_model, tmp_path):
     program of its own; the parameters and optimizer moments after two steps' updates are those
     of the one-program step (optax's MultiSteps chain), up to float32 rounding (the programs fuse
     differently): within a thousandth of the learning rate, each Adam step's size."""
-    import jax
 
     def update(on_host):
         c = get_config()

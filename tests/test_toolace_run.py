@@ -60,7 +60,8 @@ def tiny_llama(tmp_path_factory):
 
 
 def test_eval_runs_end_to_end_on_cpu(tiny_llama, tmp_path):
-    """Two BFCL evaluation tasks under both protocols, 8 new tokens per reply."""
+    """Two BFCL evaluation tasks under both protocols, 8 new tokens per reply (rollout batches
+    of at least 2 rows and prefill pieces of at least 64 tokens: fewer programs to compile)."""
     workdir = tmp_path / "wd"
     cmd = [
         sys.executable,
@@ -72,6 +73,8 @@ def test_eval_runs_end_to_end_on_cpu(tiny_llama, tmp_path):
         "--config.train.eval_limit=2",
         "--config.train.eval_max_new_tokens=8",
         "--config.env.num_workers=1",
+        "--config.rollout.min_batch=2",
+        "--config.rollout.min_prefill_width=64",
     ]
     proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]

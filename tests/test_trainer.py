@@ -1,5 +1,10 @@
 """End to end: SEAL training steps through run.py, exact resume after SIGKILL, 8 devices, two
-hosts, and clear errors for bad work directories."""
+hosts, and clear errors for bad work directories.
+
+Every test here runs run.py processes, each keeping one core busy (compiling, then stepping).
+The runs that depend on nothing else in the module (the BFCL runs, the 8-device comparison) go
+in the background when the module starts, one at a time beside the tests, which wait only for
+the runs they read; the tests that read the shared 2-step run come first meanwhile."""
 
 import json
 import os
@@ -17,7 +22,7 @@ import pytest
 from seal_jax.metrics import read_jsonl
 from seal_jax.models import load_hf_checkpoint
 from tests import hf_models
-from tests.devices import REPO
+from tests.devices import REPO, in_background, selected
 
 SUITE_ARGS = [
     "--config=configs/tiny_test.py",
@@ -29,7 +34,7 @@ SUITE_ARGS = [
     "--config.train.eval_max_new_tokens=12",
     "--config.rollout.context_limit=1024",
     "--config.model.logprob_chunk=64",
-    "--config.train.length_bucket=64",
+    "--config.train.length_bucket=256",  # one bucket for the prompts, one for the replies
     "--config.train.eval_every=0",
     "--config.env.num_workers=1",
     "--config.interface.error_hints=adaptive",
@@ -121,6 +126,21 @@ def _kill_after_checkpoint(cmd, env, workdir, step):
     proc.wait()
 
 
+@pytest.fixture(scope="module", autouse=True)
+def background(request, suite_model, tmp_path_factory):
+    """{name: future} of the independent runs of the selected tests (see the docstring)."""
+    jobs = {}
+    if selected(request, test_bfcl_fresh_process_on_a_copy_reproduces_the_second_step):
+        model = request.getfixturevalue("qwen3_model")
+        jobs["bfcl"] = in_background(_bfcl_runs, model, tmp_path_factory.mktemp("bfcl"))
+    if selected(request, test_eight_devices_sharing_prompts_match_one_without):
+        base = tmp_path_factory.mktemp("8")
+        jobs["eight_devices"] = in_background(_eight_device_runs, suite_model, base)
+    yield jobs
+    for job in jobs.values():
+        job.cancel()
+
+
 @pytest.fixture(scope="module")
 def two_steps(suite_model, tmp_path_factory):
     """The work directory of an uninterrupted 2-step run: the tests below read it or copy it."""
@@ -155,47 +175,6 @@ def qwen3_model(tmp_path_factory):
     for f in ("tokenizer.json", "tokenizer_config.json", "vocab.json", "merges.txt"):
         shutil.copy(os.path.join(hf_models.qwen_tokenizer_dir(), f), path)
     return path
-
-
-BFCL_ARGS = [
-    "--config=configs/tiny_test.py",
-    "--config.env.name=bfcl",
-    "--config.train.batch_tasks=1",
-    "--config.rl.group_size=2",
-    "--config.train.mini_batch_tasks=1",
-    "--config.rollout.max_new_tokens=8",
-    "--config.train.eval_max_new_tokens=8",
-    "--config.rollout.context_limit=8192",
-    "--config.model.logprob_chunk=1024",
-    "--config.train.length_bucket=512",
-    "--config.train.eval_every=0",
-    "--config.env.num_workers=1",
-]
-
-
-def test_bfcl_fresh_process_on_a_copy_reproduces_the_second_step(qwen3_model, tmp_path):
-    env = _env()
-
-    def cmd(workdir, steps):
-        return [
-            sys.executable,
-            "run.py",
-            *BFCL_ARGS,
-            f"--config.model.path={qwen3_model}",
-            f"--workdir={workdir}",
-            f"--config.train.max_steps={steps}",
-        ]
-
-    straight, copy = tmp_path / "straight", tmp_path / "copy"
-    _run(cmd(straight, 2), env)
-    # A copy of the work directory as it stood after step 1 (keep_checkpoints=3 kept that one).
-    shutil.copytree(straight, copy, ignore=lambda d, _: ["2"] if d.endswith("checkpoints") else [])
-    log = _run(cmd(copy, 2), env)
-    assert "at step 1" in log.split("resumed from", 1)[1].splitlines()[0]
-    _assert_same_state(_checkpoint(straight, 2), _checkpoint(copy, 2))
-    step = _metrics(straight)[-1]
-    assert step["rollout"]["tokens_generated"] > 0
-    assert set(step["rollout"]["success"]) <= {"base", "miss_func", "miss_param", "long_context"}
 
 
 def test_eval_and_export_modes(suite_model, two_steps, tmp_path):
@@ -239,21 +218,139 @@ def test_sampler_old_logprobs_skip_the_recompute(suite_model, two_steps, tmp_pat
         assert 0.99 < loss["ratio_min"] <= loss["ratio_max"] < 1.01, (name, loss)
 
 
-def test_eight_devices_sharing_prompts_match_one_without(suite_model, tmp_path):
-    """8 devices (4 data shards, each with one task's prompt and its rows) against one device
-    where every row carries its own prompt: the same step."""
+def _error_line(cmd, env):
+    proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
+    assert proc.returncode == 2 and len(errors) == 1, proc.stderr[-2000:]
+    assert "Traceback" not in proc.stderr
+    return errors[0]
+
+
+def test_bad_work_directories_fail_with_one_clear_line(suite_model, two_steps, tmp_path):
+    env = _env()
+    a_file = tmp_path / "file"
+    a_file.write_text("x")
+    assert "Not a directory" in _error_line(_command(suite_model, a_file / "wd"), env)
+
+    foreign = tmp_path / "foreign" / "checkpoints" / "3"
+    foreign.mkdir(parents=True)
+    (foreign / "weights.bin").write_bytes(b"\0" * 64)
+    line = _error_line(_command(suite_model, tmp_path / "foreign"), env)
+    assert "not a readable seal_jax training checkpoint" in line
+
+    # A checkpoint written for another model shape.
+    other = tmp_path / "other_model"
+    shutil.copytree(suite_model, other)
+    cfg = json.loads((other / "config.json").read_text())
+    cfg["intermediate_size"] = 128
+    (other / "config.json").write_text(json.dumps(cfg))
+    hf_models.build_tiny_checkpoint(
+        str(other),
+        "qwen2_tied",
+        vocab_size=cfg["vocab_size"],
+        intermediate_size=128,
+        eos_token_id=cfg["eos_token_id"],
+    )
+    wd = tmp_path / "shape"
+    shutil.copytree(two_steps, wd)
+    assert "has shape" in _error_line(_command(other, wd, "--config.train.max_steps=3"), env)
+
+
+BFCL_ARGS = [
+    "--config=configs/tiny_test.py",
+    "--config.env.name=bfcl",
+    "--config.train.batch_tasks=1",
+    "--config.rl.group_size=2",
+    "--config.train.mini_batch_tasks=1",
+    "--config.rollout.max_new_tokens=8",
+    "--config.train.eval_max_new_tokens=8",
+    "--config.rollout.context_limit=8192",
+    "--config.rollout.min_batch=2",  # the prompt's prefill too: fewer programs
+    "--config.rollout.min_prefill_width=64",
+    "--config.model.logprob_chunk=1024",
+    "--config.train.length_bucket=512",
+    "--config.train.eval_every=0",
+    "--config.env.num_workers=1",
+]
+
+
+def _only_checkpoint_1(directory, names):
+    """copytree's ignore: in a work directory's checkpoints/, every entry but step 1's."""
+    return [n for n in names if n != "1"] if os.path.basename(directory) == "checkpoints" else []
+
+
+def _bfcl_runs(model, base):
+    """An uninterrupted 2-step BFCL run and a fresh process on a copy of its work directory as it
+    stood after step 1 (its checkpoint 1 and what else was there; keep_checkpoints=3 keeps it),
+    trained to step 2. The copy is taken and resumed as soon as checkpoint 1 is complete (saves
+    are atomic renames), while the first run goes on. Returns (straight, copy, copy's log)."""
+    env = _env()
+
+    def cmd(workdir, steps):
+        return [
+            sys.executable,
+            "run.py",
+            *BFCL_ARGS,
+            f"--config.model.path={model}",
+            f"--workdir={workdir}",
+            f"--config.train.max_steps={steps}",
+        ]
+
+    straight, copy = base / "straight", base / "copy"
+    with open(base / "straight.log", "w") as log:
+        proc = subprocess.Popen(
+            cmd(straight, 2), cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=log
+        )
+        try:
+            checkpoints = straight / "checkpoints"
+            deadline = time.time() + 600
+            while not (checkpoints / "1").is_dir() and proc.poll() is None:
+                assert time.time() < deadline, "no checkpoint 1 after 600 s"
+                time.sleep(0.05)
+            resumed_log = None
+            if (checkpoints / "1").is_dir():
+                shutil.copytree(straight, copy, ignore=_only_checkpoint_1)
+                resumed_log = _run(cmd(copy, 2), env)
+            proc.wait(timeout=600)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+    assert proc.returncode == 0, (base / "straight.log").read_text()[-3000:]
+    return straight, copy, resumed_log
+
+
+def test_bfcl_fresh_process_on_a_copy_reproduces_the_second_step(background):
+    straight, copy, log = background["bfcl"].result()
+    assert "at step 1" in log.split("resumed from", 1)[1].splitlines()[0]
+    _assert_same_state(_checkpoint(straight, 2), _checkpoint(copy, 2))
+    step = _metrics(straight)[-1]
+    assert step["rollout"]["tokens_generated"] > 0
+    assert set(step["rollout"]["success"]) <= {"base", "miss_func", "miss_param", "long_context"}
+
+
+def _eight_device_runs(model, base):
+    """One step on one device where every row carries its own prompt, then the same step on 8
+    devices (4 data shards, each with one task's prompt and its rows). Returns (one, eight, the
+    8-device log)."""
     args = [
         "--config.train.max_steps=1",
         "--config.train.batch_tasks=4",
         "--config.train.mini_batch_tasks=4",
         "--config.rollout.micro_batch_tasks=2",  # the step's rollouts in two engine batches
     ]
-    one, eight = tmp_path / "one", tmp_path / "eight"
-    _run(_command(suite_model, one, *args, "--config.train.share_prompt=False"), _env())
+    one, eight = base / "one", base / "eight"
+    _run(_command(model, one, *args, "--config.train.share_prompt=False"), _env())
     log = _run(
-        _command(suite_model, eight, *args, "--config.mesh.data=4", "--config.mesh.tensor=2"),
+        _command(model, eight, *args, "--config.mesh.data=4", "--config.mesh.tensor=2"),
         _env(devices=8),
     )
+    return one, eight, log
+
+
+def test_eight_devices_sharing_prompts_match_one_without(background):
+    """8 devices (4 data shards, each with one task's prompt and its rows) against one device
+    where every row carries its own prompt: the same step."""
+    one, eight, log = background["eight_devices"].result()
     assert "share_prompt is off" not in log
     _assert_same_state(_checkpoint(one, 1), _checkpoint(eight, 1), exact=False)
     tokens = {}
@@ -296,41 +393,3 @@ def test_two_processes_end_with_identical_parameters(suite_model, tmp_path):
     ]
     assert len(sums) == 2 and sums[0] == sums[1]
     assert os.path.isdir(tmp_path / "mh" / "checkpoints" / "1")
-
-
-def _error_line(cmd, env):
-    proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
-    errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
-    assert proc.returncode == 2 and len(errors) == 1, proc.stderr[-2000:]
-    assert "Traceback" not in proc.stderr
-    return errors[0]
-
-
-def test_bad_work_directories_fail_with_one_clear_line(suite_model, two_steps, tmp_path):
-    env = _env()
-    a_file = tmp_path / "file"
-    a_file.write_text("x")
-    assert "Not a directory" in _error_line(_command(suite_model, a_file / "wd"), env)
-
-    foreign = tmp_path / "foreign" / "checkpoints" / "3"
-    foreign.mkdir(parents=True)
-    (foreign / "weights.bin").write_bytes(b"\0" * 64)
-    line = _error_line(_command(suite_model, tmp_path / "foreign"), env)
-    assert "not a readable seal_jax training checkpoint" in line
-
-    # A checkpoint written for another model shape.
-    other = tmp_path / "other_model"
-    shutil.copytree(suite_model, other)
-    cfg = json.loads((other / "config.json").read_text())
-    cfg["intermediate_size"] = 128
-    (other / "config.json").write_text(json.dumps(cfg))
-    hf_models.build_tiny_checkpoint(
-        str(other),
-        "qwen2_tied",
-        vocab_size=cfg["vocab_size"],
-        intermediate_size=128,
-        eos_token_id=cfg["eos_token_id"],
-    )
-    wd = tmp_path / "shape"
-    shutil.copytree(two_steps, wd)
-    assert "has shape" in _error_line(_command(other, wd, "--config.train.max_steps=3"), env)
