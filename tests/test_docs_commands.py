@@ -3,13 +3,16 @@
 The commands are read from the ```bash (also sh, shell, or untagged) code blocks of DOCS: `\\`
 continuations and lines continued inside quotes are joined, comment lines and trailing `#`
 comments dropped. Each command is either run, with the budget flags of its module in RUN
-appended (its output paths moved into tmp_path) and its exit code and promised outputs checked,
-or named in SKIP with the reason. A command that is neither fails, so a command added to the
-docs later is tested by default: give its module a budget in RUN, or a reason in SKIP.
+appended (its output paths moved into a temporary directory) and its exit code and promised
+outputs checked, or named in SKIP with the reason. A command that is neither fails, so a command
+added to the docs later is tested by default: give its module a budget in RUN, or a reason in
+SKIP. The commands run two at a time in the background from the first test of them on; each
+test waits for its own.
 """
 
 from __future__ import annotations
 
+import concurrent.futures
 import dataclasses
 import json
 import os
@@ -19,6 +22,7 @@ import subprocess
 import sys
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -222,8 +226,8 @@ def test_every_doc_command_is_run_or_skipped_with_a_reason():
         )
 
 
-@pytest.mark.parametrize("command", RUNNABLE, ids=[c.id for c in RUNNABLE])
-def test_doc_command_runs(command, tmp_path):
+def run_command(command: Command, tmp_path: Path) -> tuple[dict[str, Path], list[str], Any]:
+    """Runs a command of the docs with its module's budget: (paths, args, finished process)."""
     budget = RUN[command.program]
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}  # as written: no PYTHONPATH
     words = list(command.words)
@@ -242,7 +246,29 @@ def test_doc_command_runs(command, tmp_path):
     proc = subprocess.run(
         [sys.executable, *args], cwd=REPO, env=env, capture_output=True, text=True, timeout=600
     )
+    return paths, args, proc
+
+
+@pytest.fixture(scope="module")
+def started(request, tmp_path_factory):
+    """{command id: future of `run_command`} for the selected commands, all started when the
+    first of them is tested, two at a time (each process keeps about one core busy)."""
+    commands = [
+        item.callspec.params["command"]
+        for item in request.session.items
+        if getattr(item, "module", None) is request.module and hasattr(item, "callspec")
+    ]
+    pool = concurrent.futures.ThreadPoolExecutor(max_workers=2)
+    futures = {c.id: pool.submit(run_command, c, tmp_path_factory.mktemp("doc")) for c in commands}
+    yield futures
+    pool.shutdown(wait=True, cancel_futures=True)
+
+
+@pytest.mark.parametrize("command", RUNNABLE, ids=[c.id for c in RUNNABLE])
+def test_doc_command_runs(command, started):
+    paths, args, proc = started[command.id].result()
     assert proc.returncode == 0, f"{' '.join(args)}\n{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}"
+    budget = RUN[command.program]
     for output in budget.outputs:
         flag, _, rest = output.partition("/")
         assert (paths[flag] / rest).is_file(), f"{command.id}: no {output}"
