@@ -28,7 +28,13 @@ from environments.diagnosis import INSTANCE_RULES, TurnRecord, turn_causes, turn
 from environments.executor import CallOutcome, Toolbox, check_arguments, make_instances
 from environments.rendering import Message, Renderer
 from environments.task import ToolTask
-from environments.toolcall import ToolCall, parse_python_call, parse_release_reply, parse_reply
+from environments.toolcall import (
+    ToolCall,
+    parameter_schemas,
+    parse_python_call,
+    parse_release_reply,
+    parse_reply,
+)
 from environments.verification import missing_results, state_differences
 
 MODES = ("official", "release", "training")
@@ -188,7 +194,10 @@ class Episode:
             calls, messages = self._release_calls(assistant_text)
         else:
             reply = parse_reply(
-                assistant_text, self.config.max_call_chars, self.renderer.tool_format
+                assistant_text,
+                self.config.max_call_chars,
+                self.renderer.tool_format,
+                self._shown_schemas(),
             )
             self.current.invalid_calls += len(reply.invalid)
             training = self.config.mode == "training"
@@ -284,7 +293,7 @@ class Episode:
     def _release_calls(self, text: str) -> tuple[list[ToolCall], list[Message]]:
         """The release's checks of one reply: (calls to run, error messages). A parse error or
         a call to a tool not shown rejects the whole reply: nothing runs."""
-        calls, errors = parse_release_reply(text, self.renderer.tool_format)
+        calls, errors = parse_release_reply(text, self.renderer.tool_format, self._shown_schemas())
         kind = "unparseable"
         if not errors:  # the first call to a tool not shown (or without a name) rejects all
             kind = "unknown_tool"
@@ -297,6 +306,11 @@ class Episode:
             return calls, []
         self.current.invalid_calls += len(errors)
         return [], [self.renderer.rejected("; ".join(errors), kind)]
+
+    def _shown_schemas(self) -> dict[str, dict]:
+        """The parameter schema of each tool currently shown, by name: how the parser reads the
+        argument values of `qwen_xml` calls (toolcall.parse_reply)."""
+        return parameter_schemas(self.docs[name] for name in self.shown)
 
     def _run_model_call(self, call: ToolCall) -> CallOutcome:
         """Checks and (unless refused in training mode) executes one model call."""

@@ -83,6 +83,14 @@ TOOLACE_FORMAT_HINT = (
     'Write the calls as one Python list, e.g. [func(arg="value")], every argument by name with '
     "a literal value (string, number, True/False/None, list or dict)."
 )
+# The "unparseable" hint in the `qwen_xml` tool format (Qwen3.5's chat template).
+QWEN_XML_FORMAT_HINT = (
+    "Write each call as <tool_call>, a newline, <function=NAME>, then for each argument "
+    "<parameter=ARGUMENT>, the value on its own line, </parameter>, then </function> and "
+    "</tool_call>, each tag on its own line."
+)
+# The "unparseable" hint of each tool format that does not write JSON in <tool_call> (HINTS').
+FORMAT_HINTS = {"toolace": TOOLACE_FORMAT_HINT, "qwen_xml": QWEN_XML_FORMAT_HINT}
 HINTS = {
     "unparseable": (
         'Write each call as <tool_call>, a newline, {{"name": <function-name>, "arguments": '
@@ -204,8 +212,9 @@ class InterfaceRenderer(Renderer):
         """Appends the hint of the message's error kind, if that kind's hint is shown."""
         kind = message.get("error_kind")
         if kind and self.shows("error_hints", kind):
-            toolace = kind == "unparseable" and self.tool_format == "toolace"
-            hint = TOOLACE_FORMAT_HINT if toolace else HINTS[kind]
+            hint = HINTS[kind]
+            if kind == "unparseable":
+                hint = FORMAT_HINTS.get(self.tool_format, hint)
             message["content"] += "\nHint: " + hint.format(**details)
         return message
 

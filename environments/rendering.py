@@ -13,7 +13,9 @@ Two prompt styles (PROMPT_STYLES):
   for `tools=`: OpenAI-style function wrappers with JSON Schema type names, no `response`.
 
 The tool format (`tool_format`, environments.toolcall.TOOL_FORMATS) is the policy's: `qwen`
-lists the tools as above, `toolace` in ToolACE's prompt (toolcall.render_toolace_block).
+lists the tools as above, `qwen_xml` lists the same entries in Qwen3.5's tools section (before
+the task text, as its chat template does), `toolace` in ToolACE's prompt
+(toolcall.render_toolace_block).
 """
 
 import dataclasses
@@ -71,10 +73,14 @@ class Renderer:
         return [function_tool(doc) for doc in docs]
 
     def system(self, docs: list[dict], preamble: str = "") -> Message:
-        """Returns the system message: optional task text, then the tools section."""
+        """Returns the system message: optional task text, then the tools section (`qwen_xml`:
+        the tools section first, where Qwen3.5's chat template puts it)."""
         release = self.prompt_style == "release"
         block = render_tools_block(self.tools(docs), release, self.tool_format)
-        return {"role": "system", "content": f"{preamble}\n\n{block}" if preamble else block}
+        if not preamble:
+            return {"role": "system", "content": block}
+        parts = (block, preamble) if self.tool_format == "qwen_xml" else (preamble, block)
+        return {"role": "system", "content": "\n\n".join(parts)}
 
     def user_turn(self, messages: list[dict]) -> list[Message]:
         """Returns the messages that open a user turn, copied from the task."""

@@ -4,6 +4,13 @@
   Parsing follows the official BFCL Qwen handler (`<tool_call>\\n{json}\\n</tool_call>`), and
   additionally reports every block it could not use, so the environment can answer it with an
   error observation instead of silently ignoring it. Model text is only ever `json.loads`-ed.
+* `qwen_xml`: Qwen3.5's (and Qwen3-Coder's) format. Tools as JSON lines in `<tools></tools>`
+  under another instruction; calls as `<tool_call>` blocks holding one `<function=NAME>` with one
+  `<parameter=ARG>value</parameter>` per argument, written as the chat template writes them:
+  strings as they are, lists and dicts as JSON, other values with Python's `str` (the template's
+  `string` filter: `True`, `None`). A value is read back with its parameter's schema type when
+  the tool's schema is known (strings raw, other types from JSON or those Python constants,
+  never evaluated), else as JSON or a Python constant when it parses, else as the raw string.
 * `toolace`: the BFCL prompt-mode format ToolACE (Llama 3.1) was trained on and the SEAL release
   prompts it with (its `toolace_official_prompt` mode): BFCL's default system prompt with the
   docs as an indented JSON list whose `parameters` are named `arguments`; calls as one Python
@@ -14,6 +21,7 @@
 import ast
 import json
 import re
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -31,7 +39,27 @@ QWEN_TOOLS_FOOTER = (
     '{"name": <function-name>, "arguments": <args-json-object>}\n</tool_call>'
 )
 
-TOOL_FORMATS = ("qwen", "toolace")
+# Qwen3.5's tools section (its chat template for `tools=`), around the same JSON lines.
+QWEN_XML_TOOLS_HEADER = "# Tools\n\nYou have access to the following functions:\n\n<tools>"
+QWEN_XML_TOOLS_FOOTER = (
+    "\n</tools>\n\nIf you choose to call a function ONLY reply in the following format with NO "
+    "suffix:\n\n<tool_call>\n<function=example_function_name>\n<parameter=example_parameter_1>\n"
+    "value_1\n</parameter>\n<parameter=example_parameter_2>\nThis is the value for the second "
+    "parameter\nthat can span\nmultiple lines\n</parameter>\n</function>\n</tool_call>\n\n"
+    "<IMPORTANT>\nReminder:\n- Function calls MUST follow the specified format: an inner "
+    "<function=...></function> block must be nested within <tool_call></tool_call> XML tags\n"
+    "- Required parameters MUST be specified\n- You may provide optional reasoning for your "
+    "function call in natural language BEFORE the function call, but NOT after\n- If there is "
+    "no function call available, answer the question like normal with your current knowledge "
+    "and do not tell the user about function calls\n</IMPORTANT>"
+)
+# The formats that list tools as JSON lines: (text before the lines, text after them).
+_JSON_LINE_SECTIONS = {
+    "qwen": (QWEN_TOOLS_HEADER, QWEN_TOOLS_FOOTER),
+    "qwen_xml": (QWEN_XML_TOOLS_HEADER, QWEN_XML_TOOLS_FOOTER),
+}
+
+TOOL_FORMATS = ("qwen", "toolace", "qwen_xml")
 
 # BFCL's default prompt-mode system prompt (bfcl_eval: `_DEFAULT_SYSTEM_PROMPT`) as the SEAL
 # release shows it to ToolACE: without its multi-turn paragraph, a period after the format.
@@ -57,6 +85,27 @@ _JSON_SCHEMA_TYPES = {"dict": "object", "float": "number", "tuple": "array"}
 _DROPPED_BLOCK_REASONS = ("invalid JSON", "tool call longer")
 _MALFORMED_BLOCK = "expected <tool_call>, a newline, the JSON object, a newline, </tool_call>"
 
+# How a `qwen_xml` call may look: what an unusable block is told.
+XML_CALL_EXPECTED = (
+    "expected <tool_call>, <function=NAME>, <parameter=NAME>value</parameter> for each "
+    "argument, </function>, </tool_call>"
+)
+TOOL_CALL_CLOSE = "</tool_call>"
+_XML_FUNCTION = re.compile(r"<function=([^<>\s]+)>")
+_XML_FUNCTION_CLOSE = "</function>"
+_XML_PARAMETER = re.compile(r"\s*<parameter=([^<>\s]+)>(.*?)</parameter>", re.DOTALL)
+# What the template's `string` filter writes for these values (Python's str), read back.
+_PYTHON_CONSTANTS = {"True": True, "False": False, "None": None}
+# The Python types of a JSON Schema (or BFCL, via _JSON_SCHEMA_TYPES) type other than string.
+_XML_VALUE_TYPES = {
+    "integer": (int,),
+    "number": (int, float),
+    "boolean": (bool,),
+    "array": (list,),
+    "object": (dict,),
+    "null": (type(None),),
+}
+
 
 @dataclass(frozen=True)
 class ToolCall:
@@ -74,6 +123,8 @@ class ParsedReply:
     `calls` are the well-formed calls; `invalid` holds one reason per `<tool_call>` block that
     could not be used. `official_calls` is what BFCL's own decoder would keep: it drops a
     block that is not JSON, and the whole message when a JSON block is not a call object.
+    BFCL has no decoder of the `qwen_xml` format; there they are the calls of a message whose
+    blocks are all usable, else none (as for `toolace`: a message is decoded whole).
     """
 
     calls: list[ToolCall] = field(default_factory=list)
@@ -112,14 +163,17 @@ def render_tools_block(
 
     qwen: one JSON line per tool, non-ASCII kept as the chat template's `tojson` keeps it, or
     escaped (`ensure_ascii`) as BFCL's QwenFCHandler and the SEAL release write it.
+    qwen_xml: the same lines in Qwen3.5's section, exactly what its chat template writes for
+    `tools=` between `<|im_start|>system\\n` and the system message's content.
     toolace: BFCL's prompt and the docs as the release lists them (`render_toolace_block`).
     """
     if tool_format == "toolace":
         return render_toolace_block(tools)
-    if tool_format != "qwen":
+    if tool_format not in _JSON_LINE_SECTIONS:
         raise ValueError(f"tool_format must be one of {TOOL_FORMATS}, got {tool_format!r}")
+    header, footer = _JSON_LINE_SECTIONS[tool_format]
     lines = "".join("\n" + json.dumps(tool, ensure_ascii=ensure_ascii) for tool in tools)
-    return QWEN_TOOLS_HEADER + lines + QWEN_TOOLS_FOOTER
+    return header + lines + footer
 
 
 def render_toolace_block(tools: list[dict]) -> str:
@@ -157,7 +211,18 @@ def _decode_block(block: str, max_chars: int) -> ToolCall | str:
     return ToolCall(item["name"], arguments)
 
 
-def parse_reply(text: str, max_chars: int = 100_000, tool_format: str = "qwen") -> ParsedReply:
+def parameter_schemas(docs: Iterable[dict]) -> dict[str, dict]:
+    """The parameter schema of each function doc, by name: what `parse_reply` reads `qwen_xml`
+    argument values with."""
+    return {doc["name"]: doc.get("parameters", {}) for doc in docs}
+
+
+def parse_reply(
+    text: str,
+    max_chars: int = 100_000,
+    tool_format: str = "qwen",
+    schemas: Mapping[str, dict] | None = None,
+) -> ParsedReply:
     """Parses an assistant message into tool calls, never executing any of its text.
 
     Args:
@@ -165,12 +230,17 @@ def parse_reply(text: str, max_chars: int = 100_000, tool_format: str = "qwen") 
       max_chars: longest accepted payload of one call (`toolace`: of one call list); longer
         ones are invalid.
       tool_format: the format the agent was told to write (TOOL_FORMATS).
+      schemas: the parameter schema (a function doc's `parameters`) of each tool the agent
+        was shown, by name; `qwen_xml` reads argument values with their types (the other
+        formats write typed values themselves).
     Returns:
       ParsedReply with the usable calls, one reason per unusable block (`toolace`: per
       unusable call or list), and the calls the official BFCL decoder would keep.
     """
     if tool_format == "toolace":
         return parse_python_calls(text, max_chars)
+    if tool_format == "qwen_xml":
+        return parse_xml_calls(text, max_chars, schemas)
     if tool_format != "qwen":
         raise ValueError(f"tool_format must be one of {TOOL_FORMATS}, got {tool_format!r}")
     reply = ParsedReply()
@@ -190,7 +260,9 @@ def parse_reply(text: str, max_chars: int = 100_000, tool_format: str = "qwen") 
     return reply
 
 
-def parse_release_reply(text: str, tool_format: str = "qwen") -> tuple[list[ToolCall], list[str]]:
+def parse_release_reply(
+    text: str, tool_format: str = "qwen", schemas: Mapping[str, dict] | None = None
+) -> tuple[list[ToolCall], list[str]]:
     """Parses an assistant message as the SEAL release's strict parser does (its BFCL
     environment, `strict_tool_parser: true`); never executes any of its text.
 
@@ -200,13 +272,15 @@ def parse_release_reply(text: str, tool_format: str = "qwen") -> tuple[list[Tool
     toolace: `parse_python_calls`' calls and reasons (the release's ToolACE parser also keeps
     text around the list and rejects the whole message for any unusable call; unlike it, a
     non-literal argument is an error here, not its source text).
+    qwen_xml: `parse_xml_calls`' calls and reasons, values typed by `schemas` (parse_reply);
+    the release has no parser of this format.
 
     Returns:
       (calls, errors): the calls in order, and one error text per problem found (the calls
       must not run when there is any).
     """
-    if tool_format == "toolace":
-        reply = parse_python_calls(text)
+    if tool_format in ("toolace", "qwen_xml"):
+        reply = parse_reply(text, tool_format=tool_format, schemas=schemas)
         return reply.calls, reply.invalid
     if tool_format != "qwen":
         raise ValueError(f"tool_format must be one of {TOOL_FORMATS}, got {tool_format!r}")
@@ -238,10 +312,128 @@ def parse_release_reply(text: str, tool_format: str = "qwen") -> tuple[list[Tool
     return calls, errors
 
 
-def render_tool_call(call: ToolCall) -> str:
-    """Returns the `<tool_call>` block a Qwen model would write for `call`."""
+def render_tool_call(call: ToolCall, tool_format: str = "qwen") -> str:
+    """Returns the `<tool_call>` block a Qwen model would write for `call` in `tool_format`
+    (`qwen` or `qwen_xml`), as the chat template renders an assistant message's tool call.
+    Blocks of one message are joined by a newline."""
+    if tool_format == "qwen_xml":
+        parameters = "".join(
+            f"<parameter={name}>\n{_parameter_text(value)}\n</parameter>\n"
+            for name, value in call.arguments.items()
+        )
+        return f"<tool_call>\n<function={call.name}>\n{parameters}</function>\n</tool_call>"
+    if tool_format != "qwen":
+        raise ValueError(f"render_tool_call writes qwen or qwen_xml calls, not {tool_format!r}")
     payload = json.dumps({"name": call.name, "arguments": call.arguments}, ensure_ascii=False)
     return f"<tool_call>\n{payload}\n</tool_call>"
+
+
+def _parameter_text(value: Any) -> str:
+    """An argument as Qwen3.5's chat template writes it: dicts, lists and tuples with `tojson`
+    (non-ASCII kept), anything else with the `string` filter (Python's str: `True`, `None`)."""
+    if isinstance(value, (dict, list, tuple)):
+        return json.dumps(value, ensure_ascii=False)
+    return str(value)
+
+
+def parse_xml_calls(
+    text: str, max_chars: int = 100_000, schemas: Mapping[str, dict] | None = None
+) -> ParsedReply:
+    """Parses a `qwen_xml` assistant message: every `<tool_call>...</tool_call>` block holds
+    one `<function=NAME>...</function>` with one `<parameter=ARG>\\nVALUE\\n</parameter>` per
+    argument. Whitespace between the tags is free (newlines may be missing); exactly one
+    leading and one trailing newline of a value are the format's and are dropped. Text is only
+    ever scanned, `json.loads`-ed or looked up, never evaluated, in time linear in its length.
+
+    Args:
+      text: the raw assistant message.
+      max_chars: longest accepted block; longer ones are invalid.
+      schemas: the parameter schema of each shown tool, by name: its properties' types decide
+        how values are read (`_xml_value`).
+    Returns:
+      ParsedReply with the usable calls, one reason per unusable block (one for all of an
+      unclosed `<tool_call>` and what follows it), and as `official_calls` the calls when
+      every block is usable.
+    """
+    reply = ParsedReply()
+    position = text.find(TOOL_CALL_OPEN)
+    if position < 0 and "<function=" in text:
+        reply.invalid.append(XML_CALL_EXPECTED + "; a <function=...> outside <tool_call> tags")
+    while position >= 0:
+        start = position + len(TOOL_CALL_OPEN)
+        end = text.find(TOOL_CALL_CLOSE, start)
+        if end < 0:
+            reply.invalid.append("a <tool_call> block is not closed with </tool_call>")
+            break
+        decoded = _decode_xml_block(text[start:end], max_chars, schemas or {})
+        (reply.calls if isinstance(decoded, ToolCall) else reply.invalid).append(decoded)
+        position = text.find(TOOL_CALL_OPEN, end + len(TOOL_CALL_CLOSE))
+    if not reply.invalid:
+        reply.official_calls = list(reply.calls)
+    return reply
+
+
+def _decode_xml_block(block: str, max_chars: int, schemas: Mapping[str, dict]) -> ToolCall | str:
+    """Decodes the inside of one `<tool_call>` block into a call, or returns why it is unusable."""
+    if len(block) > max_chars:
+        return f"tool call longer than {max_chars} characters"
+    if TOOL_CALL_OPEN in block:
+        return "a <tool_call> block inside another; close each with </tool_call>"
+    body = block.strip()
+    head = _XML_FUNCTION.match(body)
+    if head is None or not body.endswith(_XML_FUNCTION_CLOSE):
+        return XML_CALL_EXPECTED
+    name = head.group(1)
+    inner = body[head.end() : -len(_XML_FUNCTION_CLOSE)]
+    if "<function=" in inner or _XML_FUNCTION_CLOSE in inner:
+        return "expected one <function=NAME>...</function> in each <tool_call> block"
+    parameters = schemas.get(name)
+    properties = parameters.get("properties", {}) if isinstance(parameters, dict) else {}
+    arguments: dict[str, Any] = {}
+    position = 0
+    while match := _XML_PARAMETER.match(inner, position):
+        argument, value = match.groups()
+        if "<parameter=" in value:
+            return f"{name}(): <parameter={argument}> is not closed with </parameter>"
+        if argument in arguments:
+            return f"{name}(): argument {argument!r} is given twice"
+        value = value.removeprefix("\n").removesuffix("\n")
+        arguments[argument] = _xml_value(value, properties.get(argument))
+        position = match.end()
+    rest = inner[position:].strip()
+    if rest.startswith("<parameter="):
+        return f"{name}(): a <parameter=...> is not closed with </parameter>"
+    if rest:
+        return f"{name}(): unexpected text {_excerpt(rest)}; {XML_CALL_EXPECTED}"
+    return ToolCall(name, arguments)
+
+
+def _xml_value(text: str, schema: Any) -> Any:
+    """One argument's value from its text, by its parameter schema's type: the inverse of the
+    template's rendering (strings as they are, Python's `str` of None, booleans and numbers,
+    `tojson` of lists and dicts). `None` is no value (None) for every type; otherwise a string
+    parameter's value is the text; any other type's is the JSON value or Python constant
+    (`True`, `False`) when the text is one of that type, else the text itself, which the
+    environment then refuses as the wrong type (as vLLM's qwen3_coder parser, a value never
+    makes a block unusable). Without a schema type (unknown parameter, `any`, a union): JSON or
+    a constant when the text parses, else the text."""
+    kind = schema.get("type") if isinstance(schema, dict) else None
+    kind = _JSON_SCHEMA_TYPES.get(kind, kind) if isinstance(kind, str) else None
+    if text == "None":
+        return None
+    if kind == "string":
+        return text
+    try:
+        value = _PYTHON_CONSTANTS[text] if text in _PYTHON_CONSTANTS else json.loads(text)
+    except (ValueError, RecursionError):
+        return text
+    types = _XML_VALUE_TYPES.get(kind)
+    return value if value is None or types is None or type(value) in types else text
+
+
+def _excerpt(text: str, limit: int = 40) -> str:
+    """`text` quoted for an error message, cut after `limit` characters."""
+    return repr(text) if len(text) <= limit else repr(text[:limit]) + "..."
 
 
 def parse_python_call(source: str) -> ToolCall:

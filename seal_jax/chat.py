@@ -10,20 +10,26 @@ and re-rendering can change earlier turns.
 The Qwen3 `<think>` rule. Qwen3's template is not append-only: in non-thinking mode
 (`enable_thinking=False`) every generation prompt ends with an empty `<think>\\n\\n</think>\\n\\n`
 block that the model conditions on, but when the finished conversation is rendered again, earlier
-assistant turns lose that block (only the last turn after the last user query keeps it). The
-rule: each turn's generation prompt, empty think block included, stays in the training ids as the
-model saw it; `apply_chat_template` of the whole conversation is not the training sequence.
-Qwen2.5-style templates are append-only, and there the two coincide.
+assistant turns lose that block (only the last turn after the last user query keeps it). Qwen3.5's
+template does the same, except that every assistant turn after the last user query keeps its
+think block (its generation prompt opens one always: `<think>\\n` when thinking, the empty block
+when not); turns before that query lose it, reasoning included. The rule: each turn's generation
+prompt, think block included, stays in the training ids as the model saw it; `apply_chat_template`
+of the whole conversation is not the training sequence. Qwen2.5-style templates are append-only,
+and there the two coincide.
 
 Environment ids are cut out of the template itself: the messages are rendered after a dummy
 assistant turn and everything after that turn's end-of-turn token is kept, so the separators
-(for Qwen `\\n<|im_start|>user\\n...<|im_end|>\\n<|im_start|>assistant\\n`) are the template's.
+(for Qwen `\\n<|im_start|>user\\n...<|im_end|>\\n<|im_start|>assistant\\n`) are the template's
+(a think block the template writes into the dummy turn lies before the cut).
 
 Chat formats (CHAT_FORMATS, `chat_format`): `qwen` renders with the tokenizer's own template
-and Qwen's tool format; `llama3` with this package's Llama 3.1 template
-(templates/llama31_tools.jinja: tool results in the `ipython` role, turns ending in
-`<|eot_id|>`, or `<|eom_id|>` when the model ends its message for a tool) and ToolACE's tool
-format (environments.toolcall). `auto` picks by the tokenizer's special tokens.
+and Qwen's tool format (JSON calls); `qwen35` with the tokenizer's own template and Qwen3.5's
+tool format (`qwen_xml`: `<function=NAME>` / `<parameter=ARG>` calls, also Qwen3-Coder's);
+`llama3` with this package's Llama 3.1 template (templates/llama31_tools.jinja: tool results in
+the `ipython` role, turns ending in `<|eot_id|>`, or `<|eom_id|>` when the model ends its message
+for a tool) and ToolACE's tool format (environments.toolcall). `auto` picks by the tokenizer's
+special tokens and, between the two Qwen formats, by its chat template (`detect_chat_format`).
 """
 
 from __future__ import annotations
@@ -33,7 +39,7 @@ from pathlib import Path
 from typing import Any
 
 _MARKER = "\u2063SEAL_TURN_MARKER\u2063"
-CHAT_FORMATS = ("auto", "qwen", "llama3")
+CHAT_FORMATS = ("auto", "qwen", "qwen35", "llama3")
 LLAMA31_TEMPLATE = Path(__file__).parent / "templates" / "llama31_tools.jinja"
 
 
@@ -134,11 +140,12 @@ _FORMAT_TOKENS = ("<|im_end|>", "<|start_header_id|>", "<|eot_id|>")
 
 
 def detect_chat_format(tokenizer: Any) -> str:
-    """The chat format of a checkpoint's tokenizer, from its special tokens: `qwen` with
-    `<|im_end|>`, `llama3` with `<|start_header_id|>` and `<|eot_id|>`."""
+    """The chat format of a checkpoint's tokenizer, from its special tokens: with `<|im_end|>`,
+    `qwen35` when its chat template writes `<function=` calls (Qwen3.5, Qwen3-Coder), else
+    `qwen`; `llama3` with `<|start_header_id|>` and `<|eot_id|>`."""
     has = {token: _token_id(tokenizer, token) is not None for token in _FORMAT_TOKENS}
     if has["<|im_end|>"]:
-        return "qwen"
+        return "qwen35" if "<function=" in _template_text(tokenizer) else "qwen"
     if has["<|start_header_id|>"] and has["<|eot_id|>"]:
         return "llama3"
     raise ValueError(
@@ -147,12 +154,20 @@ def detect_chat_format(tokenizer: Any) -> str:
     )
 
 
+def _template_text(tokenizer: Any) -> str:
+    """The text of the tokenizer's chat template(s); "" without one."""
+    template = getattr(tokenizer, "chat_template", None) or ""
+    return "\n".join(template.values()) if isinstance(template, dict) else template
+
+
 def chat_format(tokenizer: Any, name: str = "auto", **template_kwargs: Any) -> ChatFormat:
     """The ChatFormat `name` (CHAT_FORMATS; `auto`: `detect_chat_format`) for a checkpoint's
     tokenizer, with extra template variables for every render (e.g. enable_thinking=False)."""
     resolved = detect_chat_format(tokenizer) if name == "auto" else name
     if resolved == "qwen":
         return ChatFormat(tokenizer, **template_kwargs)
+    if resolved == "qwen35":
+        return ChatFormat(tokenizer, tool_format="qwen_xml", **template_kwargs)
     if resolved == "llama3":
         return ChatFormat(
             tokenizer,

@@ -33,7 +33,7 @@ from bfcl_eval.utils import load_dataset_entry, load_ground_truth_entry
 
 from environments.executor import Toolbox
 from environments.rendering import Message, Renderer
-from environments.toolcall import ToolCall, parse_reply
+from environments.toolcall import ToolCall, parameter_schemas, parse_reply
 
 CALL_TIME_LIMIT_S = 5.0
 PREREQ = "_prereq"  # BFCL's suffix of a prerequisite conversation's category
@@ -172,9 +172,13 @@ def system_text(task: MemoryTask, instance: object) -> str:
     return f"{text}\n\n{task.instruction}" if task.instruction else text
 
 
-def calls_of(text: str, tool_format: str = "qwen") -> list[ToolCall]:
-    """The calls of a reply that BFCL's decoder keeps (none: the reply ends the turn)."""
-    return parse_reply(text, tool_format=tool_format).official_calls
+def calls_of(
+    text: str, tool_format: str = "qwen", docs: list[dict] | None = None
+) -> list[ToolCall]:
+    """The calls of a reply that BFCL's decoder keeps (none: the reply ends the turn);
+    `qwen_xml` values are read with the parameter schemas of `docs` (the functions shown)."""
+    schemas = parameter_schemas(docs or [])
+    return parse_reply(text, tool_format=tool_format, schemas=schemas).official_calls
 
 
 def final_answer(replies: list[str], tool_format: str = "qwen") -> str | None:
@@ -234,7 +238,7 @@ class MemoryEpisode:
         self.model_calls += 1
         self.transcript.append({"role": "assistant", "content": text})
         self.replies[self.turn].append(text)
-        calls = calls_of(text, self.renderer.tool_format)
+        calls = calls_of(text, self.renderer.tool_format, self.task.docs)
         if not calls:
             return self._next_turn()
         outcomes = [self.toolbox.execute(call, CALL_TIME_LIMIT_S) for call in calls]

@@ -31,7 +31,13 @@ from bfcl_eval.utils import (
 )
 
 from environments.rendering import Message, Renderer
-from environments.toolcall import TOOL_CALL_PATTERN, ToolCall, parse_reply, render_tool_call
+from environments.toolcall import (
+    TOOL_CALL_PATTERN,
+    ToolCall,
+    parameter_schemas,
+    parse_reply,
+    render_tool_call,
+)
 
 CATEGORIES = tuple(SINGLE_TURN_CATEGORY)
 # The registry name the checker is given. Only its `underscore_to_dot` (False for every Qwen FC
@@ -109,17 +115,21 @@ def category_of(task_id: str) -> str:
     return category
 
 
-def decode_calls(text: str, tool_format: str = "qwen") -> list[dict] | None:
+def decode_calls(
+    text: str, tool_format: str = "qwen", docs: list[dict] | None = None
+) -> list[dict] | None:
     """The calls of a reply as BFCL decodes them for the AST checker, never evaluated.
 
     Returns:
       [{name: {argument: value}}]. qwen (BFCL's QwenFCHandler.decode_ast): from the
       `<tool_call>` blocks that are JSON (others are dropped), or None where the handler raises
       (a block is not a {"name", "arguments"} object with an object of arguments). Other
-      formats: the calls the multi-turn environment's decoder keeps (toolcall.parse_reply).
+      formats: the calls the multi-turn environment's decoder keeps (toolcall.parse_reply;
+      `qwen_xml` values read with the parameter schemas of `docs`, the functions shown).
     """
     if tool_format != "qwen":
-        calls = parse_reply(text, tool_format=tool_format).official_calls
+        schemas = parameter_schemas(docs or [])
+        calls = parse_reply(text, tool_format=tool_format, schemas=schemas).official_calls
         return [{call.name: dict(call.arguments)} for call in calls]
     items = []
     for block in TOOL_CALL_PATTERN.findall(text):
@@ -169,7 +179,7 @@ def score_reply(
     """BFCL's verdict on a reply in `tool_format` (toolcall.TOOL_FORMATS): (passed, why not).
     Never raises: a checker that raises (BFCL's runner would stop) fails the task with the
     exception as the reason."""
-    calls = decode_calls(text, tool_format)
+    calls = decode_calls(text, tool_format, task.docs)
     if task.ground_truth is None:
         called = calls is not None and not is_empty_output(calls)
         if "irrelevance" in task.category:
