@@ -1,6 +1,7 @@
-"""Compiles the setting of each hardware target of configs/qwen.py, configs/toolace.py and
-configs/colab_tpu.py (run.py --mode=compile) and prints one table: resident state and peak memory
-per chip of every program, whether it fits, and the step-time estimate (seal_jax/estimate.py).
+"""Compiles the setting of each hardware target of configs/qwen.py, configs/qwen35.py,
+configs/toolace.py and configs/colab_tpu.py (run.py --mode=compile) and prints one table:
+resident state and peak memory per chip of every program, whether it fits, and the step-time
+estimate (seal_jax/estimate.py).
 Needs libtpu (`pip install "libtpu==0.0.42.*"`); no TPU and no weights (model architectures from
 benchmarks/model_configs).
 
@@ -18,21 +19,22 @@ import time
 
 from absl import app, flags
 
-from configs import colab_tpu, qwen, toolace
+from configs import colab_tpu, qwen, qwen35, toolace
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # model size of a target's name -> (config file, model architecture in benchmarks/model_configs)
 MODELS = {
     "7b": ("qwen.py", "qwen2.5-7b"),
     "3b": ("qwen.py", "qwen2.5-3b"),
+    "4b": ("qwen35.py", "qwen3.5-4b"),
     "8b": ("toolace.py", "llama-3.1-8b"),
     "0.5b": ("colab_tpu.py", "qwen2.5-0.5b"),
     "1.5b": ("colab_tpu.py", "qwen2.5-1.5b"),
 }
-TARGETS = [*qwen.TARGETS, *toolace.TARGETS, *colab_tpu.TARGETS]
+TARGETS = [*qwen.TARGETS, *qwen35.TARGETS, *toolace.TARGETS, *colab_tpu.TARGETS]
 GIB = 2**30
 
-flags.DEFINE_list("targets", TARGETS, "Targets of configs/{qwen,toolace,colab_tpu}.py.")
+flags.DEFINE_list("targets", TARGETS, "Targets of configs/{qwen,qwen35,toolace,colab_tpu}.py.")
 flags.DEFINE_string("out_dir", "workdirs/compile_targets", "One work directory per target.")
 FLAGS = flags.FLAGS
 

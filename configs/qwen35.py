@@ -10,21 +10,63 @@ sample), prompts up to 8,192 tokens, 4,096 per reply, 16,384 per episode, at mos
 calls per episode, gradient checkpointing. What differs from configs/qwen.py is the backbone.
 
 Set the checkpoint directory: `--config.model.path=/path/to/Qwen3.5-4B` (nothing is downloaded;
-the vision-language checkpoint loads its language model). `--config=configs/qwen35.py:<variant>`
-takes an ablation row of `configs.base.VARIANTS`. The hardware targets of configs/qwen.py are
-sized for Qwen2.5 and are not offered here (no `--mode=compile` memory plan for Qwen3.5 yet).
+the vision-language checkpoint loads its language model).
+`--config=configs/qwen35.py:<spec>`, where spec names an ablation row of `configs.base.VARIANTS`,
+a hardware target of TARGETS, or both, comma-separated: `configs/qwen35.py:vanilla_grpo,4b-v5p-8`.
+A target keeps the paper's batch and lengths, as configs/qwen.py's targets do, and sets how rows
+are split into rollout chunks and micro-steps so that every program fits the chips; `run.py
+--mode=compile` proves it for the target's topology (benchmarks/README.md, "Qwen3.5-4B targets",
+has the figures, compiled against benchmarks/model_configs/qwen3.5-4b: Qwen3.5-4B's text config).
 """
 
 import ml_collections
 
 from configs import qwen
+from configs.base import VARIANTS
 
 RELEASE_MODEL = "Qwen/Qwen3.5-4B"  # exp/SEAL.yaml: actor_rollout_ref.model.path
 
+# name -> settings (dotted config keys), as configs/qwen.py's TARGETS: one 16k-token row per chip
+# per update micro-step; rollouts decode from a bf16 sampling copy tensor-parallel over groups of
+# rollout.sampler_tensor chips of one host (Qwen3.5-4B's 4 KV heads split over a group of 4; its
+# linear-attention weights and recurrent states are whole on every chip of a group). No v5e
+# target: the update's temporaries for one 16k row (the layer group's backward holds three
+# linear layers' chunked delta rules) are 18.7 GiB per chip, beyond a v5e chip's 15.75.
+TARGETS = {
+    "4b-v5p-8": {
+        "aot.topology": "v5p:2x2x1",
+        "rollout.micro_batch_tasks": 2,
+        "rollout.sampler_tensor": 4,
+        "optim.grad_accum": 16,
+    },
+    "4b-v6e-8": {
+        "aot.topology": "v6e:2x4",
+        "rollout.micro_batch_tasks": 1,
+        "rollout.sampler_tensor": 4,
+        "optim.grad_accum": 8,
+        "optim.mu_dtype": "bfloat16",
+        "model.attn_chunk": 256,
+        "model.mlp_chunk": 4096,
+    },
+}
+
 
 def get_config(spec: str = "seal") -> ml_collections.ConfigDict:
-    """configs/qwen.py's release settings for the Qwen3.5-4B backbone; `spec`: an ablation
-    variant of `configs.base.VARIANTS`."""
-    c = qwen.get_config(spec)
+    """configs/qwen.py's release settings for the Qwen3.5-4B backbone; `spec` as in the module
+    docstring."""
+    names = [name for name in spec.split(",") if name]
+    unknown = [name for name in names if name not in VARIANTS and name not in TARGETS]
+    variants = [name for name in names if name in VARIANTS]
+    targets = [name for name in names if name in TARGETS]
+    if unknown or len(variants) > 1 or len(targets) > 1:
+        raise ValueError(
+            f"configs/qwen35.py:{spec}: give at most one variant ({', '.join(VARIANTS)}) and one "
+            f"target ({', '.join(TARGETS)}), comma-separated"
+        )
+    c = qwen.get_config(variants[0] if variants else "seal")
     c.model.path = ""  # e.g. /mnt/models/Qwen3.5-4B
+    if targets:
+        for key, value in TARGETS[targets[0]].items():
+            section, field = key.split(".")
+            c[section][field] = value
     return c

@@ -26,7 +26,7 @@ from jax.sharding import Mesh
 from seal_jax import config as config_lib
 from seal_jax import episodes, estimate, optim, sharding, train_step, weight_sync
 from seal_jax import update as update_lib
-from seal_jax.models import LoadedModel, QwenConfig
+from seal_jax.models import LoadedModel, Qwen35Config, QwenConfig
 from seal_jax.models.checkpoint import param_shapes
 
 # Batch arrays of one update micro-step (the layout of seal_jax.rl), without a shared prompt.
@@ -67,7 +67,7 @@ class ProgramMemory:
 
 
 def abstract_model(
-    cfg: QwenConfig, mesh: Mesh, param_dtype: Any, compute_dtype: Any
+    cfg: QwenConfig | Qwen35Config, mesh: Mesh, param_dtype: Any, compute_dtype: Any
 ) -> LoadedModel:
     """A LoadedModel whose params are ShapeDtypeStructs with the training shardings."""
     shapes = param_shapes(cfg, param_dtype)
@@ -412,7 +412,9 @@ def hbm_bytes(device: Any) -> int:
     return host // len(jax.local_devices())
 
 
-def check(config: Any, cfg: QwenConfig, workdir: str, topology: str | None = None) -> dict:
+def check(
+    config: Any, cfg: QwenConfig | Qwen35Config, workdir: str, topology: str | None = None
+) -> dict:
     """`run.py --mode=compile`: compiles every program a training step runs at the config's
     largest shapes for `config.aot.topology`, prints a per-chip table, writes
     `<workdir>/compile.json` (and `<workdir>/hlo/<program>.txt` with `aot.dump_hlo`), and returns

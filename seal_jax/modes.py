@@ -29,7 +29,6 @@ from seal_jax.checkpointing import Checkpointer
 from seal_jax.models import (
     CheckpointError,
     LoadedModel,
-    Qwen35Config,
     load_hf_checkpoint,
     save_hf_checkpoint,
 )
@@ -229,15 +228,7 @@ def run(mode: str, config: Any, workdir: str) -> None:
     if mode == "compile" or (mode == "train" and _check_before_train(config)):
         # The architecture only: no weights are read. Training stops here when it cannot fit.
         architecture = architecture_from_dir(os.path.expanduser(policy_dir(config, workdir)))
-        if not isinstance(architecture, Qwen35Config):
-            aot.check(config, architecture, workdir, None if mode == "compile" else "")
-        elif mode == "compile":
-            raise config_lib.ConfigError(
-                "--mode=compile does not cover Qwen3.5 yet (its linear-attention layers have "
-                "no memory plan or estimate); it covers Qwen2/2.5/3 and Llama 3 checkpoints"
-            )
-        else:
-            logging.warning("the pre-training memory check does not cover Qwen3.5 yet: skipped")
+        aot.check(config, architecture, workdir, None if mode == "compile" else "")
         if mode == "compile":
             return
     if mode == "export" and _latest_step(workdir) is None:

@@ -12,11 +12,13 @@ from pathlib import Path
 import jax
 import pytest
 
-from configs import qwen
+from configs import qwen, qwen35
 from seal_jax import config as config_lib
-from seal_jax import estimate
-from seal_jax.models import QwenConfig
+from seal_jax import estimate, sharding
+from seal_jax.models import Qwen35Config, QwenConfig
 from seal_jax.models.checkpoint import param_shapes
+from seal_jax.models.config import architecture_from_dir
+from tests import hf_models
 from tests.devices import REPO
 
 ARGS = [
@@ -72,19 +74,25 @@ def test_compile_mode_reports_every_program_and_refuses_what_cannot_fit(tmp_path
 
 
 def test_hardware_targets_keep_the_paper_setting_and_combine_with_variants():
-    for target in qwen.TARGETS:
-        c = qwen.get_config(target)
-        config_lib.validate(c)
-        paper = (c.train.batch_tasks, c.rl.group_size, c.train.mini_batch_tasks, c.optim.lr)
-        assert paper == (32, 8, 8, 1e-6), target
-        assert (c.rollout.context_limit, c.rollout.max_new_tokens) == (16384, 4096)
-        assert c.model.param_dtype == "float32" and c.aot.topology
+    for module in (qwen, qwen35):
+        for target in module.TARGETS:
+            c = module.get_config(target)
+            config_lib.validate(c)
+            paper = (c.train.batch_tasks, c.rl.group_size, c.train.mini_batch_tasks, c.optim.lr)
+            assert paper == (32, 8, 8, 1e-6), target
+            assert (c.rollout.context_limit, c.rollout.max_new_tokens) == (16384, 4096)
+            assert c.model.param_dtype == "float32" and c.aot.topology
     c = qwen.get_config("vanilla_grpo,7b-v5p-8")
     assert (c.aot.topology, c.optim.grad_accum, c.weighting.enabled) == ("v5p:2x2x1", 16, False)
     assert qwen.get_config("7b-v5p-8").weighting.enabled and not qwen.get_config().aot.topology
     for bad in ("seal,vanilla_grpo", "v9-8", "7b-v5p-8,3b-v5e-8"):
         with pytest.raises(ValueError, match="at most one variant"):
             qwen.get_config(bad)
+    c = qwen35.get_config("vanilla_grpo,4b-v5p-8")
+    assert (c.aot.topology, c.optim.grad_accum, c.weighting.enabled) == ("v5p:2x2x1", 16, False)
+    for bad in ("seal,vanilla_grpo", "7b-v5p-8", "4b-v5p-8,4b-v5p-8"):
+        with pytest.raises(ValueError, match="configs/qwen35.py.*at most one variant"):
+            qwen35.get_config(bad)
 
 
 def test_step_estimate_counts_every_weight_matrix_and_scales_with_chips():
@@ -112,6 +120,58 @@ def test_step_estimate_counts_every_weight_matrix_and_scales_with_chips():
         assert decode["tokens_per_s_per_chip"] == pytest.approx(group_rows / 4 / (want / 2.76e12))
     assert eight["paper_run_hours"] < four["paper_run_hours"]
     assert estimate.step_estimate(c, cfg, "cpu", 8) == {}
+
+
+def test_qwen35_estimate_counts_every_weight_and_only_the_full_layers_caches():
+    """Qwen3.5: the weights multiplied per token are the Hugging Face model's matrices (q_proj
+    twice as wide, in_proj_qkv/z/b/a, out_proj, the MLP, lm_head) and its depthwise conv1d; the
+    attention FLOPs and the KV cache are the full layers' alone, the linear layers' delta rule and
+    states do not grow with the context, and a sampler group reads their weights whole."""
+    import transformers
+
+    text = hf_models.tiny_qwen35_config("qwen35_mixed")  # untied: lm_head is a matrix of its own
+    torch_model = transformers.Qwen3_5ForCausalLM(text)
+    weights = sum(
+        p.numel()
+        for name, p in torch_model.named_parameters()
+        if p.ndim >= 2 and "embed_tokens" not in name  # the input embedding is a lookup
+    )
+    assert estimate.matmul_parameters(Qwen35Config.from_hf_dict(text.to_dict())) == weights
+
+    cfg = architecture_from_dir(os.path.join(REPO, "benchmarks", "model_configs", "qwen3.5-4b"))
+    leaves = [
+        (sharding.path_str(path), math.prod(x.shape))
+        for path, x in jax.tree_util.tree_flatten_with_path(param_shapes(cfg))[0]
+    ]
+    # Tied: the output matrix is the embedding; every other matrix is a kernel or the conv1d.
+    multiplied = ("kernel", "conv1d/weight", "embed_tokens/embedding")
+    matrices = sum(n for path, n in leaves if path.endswith(multiplied))
+    linear = sum(n for path, n in leaves if "linear_attn" in path and path.endswith(multiplied))
+    assert estimate.matmul_parameters(cfg) == matrices
+    assert estimate.linear_parameters(cfg) == linear
+    c = qwen35.get_config("4b-v5p-8")
+    four, eight = (estimate.step_estimate(c, cfg, "TPU v5", n) for n in (4, 8))
+    tokens, length = 32 * 8 * 16384, 16384
+    attention = 2 * 8 * 16 * 256 * tokens * length  # the 8 full layers, causal
+    delta_rule = 24 * 32 * (64 * (5 * 128 + 3 * 128) + 6 * 128 * 128) * tokens
+    assert four["update_flops_per_step"] == 6 * (2 * matrices * tokens + attention + delta_rule)
+    assert eight["update_s_per_step"] == pytest.approx(four["update_s_per_step"] / 2)
+    # The cache of a row: the 8 full layers' k and v grow with the context; the 24 linear
+    # layers' float32 states (32 x 128 x 128) and convolution inputs (3 x 8192, bf16) do not.
+    for slots in (4096, 16384):
+        row = estimate.cache_bytes_per_row(cfg, slots)
+        assert row["kv"] == 8 * 2 * 4 * 256 * 2 * slots
+        assert (row["state"], row["conv"]) == (24 * 32 * 128 * 128 * 4, 24 * 3 * 8192 * 2)
+    # Decoding in groups of 4 chips (16 rows of a chunk over the groups): each chip reads a
+    # quarter of the other bf16 weights and of its rows' KV cache (half the context on average),
+    # the linear layers' weights whole, and reads and writes its rows' linear states whole.
+    states = 2 * (24 * 32 * 128 * 128 * 4 + 24 * 3 * 8192 * 2)
+    cache = 8 * 2 * 4 * 256 * 2 * length / 2
+    for result, group_rows in ((four, 16), (eight, 8)):
+        decode = result["decode"]
+        want = 2 * (matrices - linear) / 4 + 2 * linear + group_rows * (cache / 4 + states)
+        assert decode["bytes_per_chip_per_step"] == pytest.approx(want)
+        assert decode["tokens_per_s_per_chip"] == pytest.approx(group_rows / 4 / (want / 2.76e12))
 
 
 def test_training_on_an_accelerator_stops_before_any_weight_when_a_program_cannot_fit(

@@ -108,13 +108,21 @@ SKIP = {
     "schedules give the same episodes",
     r"benchmarks\.decode_roofline": "compiles Qwen2.5-7B decode steps for TPU topologies: needs "
     "libtpu (not in the test install) and about a minute per target",
+    r"benchmarks\.decode_memory_qwen35": "compiles the decode programs of three 3-7B models at "
+    "three history lengths for a TPU chip: needs libtpu (not in the test install) and several "
+    "minutes of compiles; tests/test_compile_mode.py checks its analytic per-row figures",
+    r"^python -m benchmarks\.compile_targets --targets=4b-": "compiles Qwen3.5-4B's TPU targets: "
+    "needs libtpu and about 9 minutes per target; tests/test_qwen35.py runs --mode=compile on a "
+    "tiny Qwen3.5 for simulated CPU devices",
     r"^python -m benchmarks\.bench_compile_cache$": "runs configs/tiny.py's run.py job twice "
     "(over 2 minutes on 2 cores even at the smallest budget); run.py training is run here by "
     "the seal_vs_baselines smoke command",
-    r"^python -m benchmarks\.seal_vs_baselines( .*--out_dir=workdirs/"
-    r"(svb|svb_ent|seal_vs_baselines_(official|full|16|reduced))$|$)": "a full comparison "
-    "(hours; --warm_starts_from and --reuse read an earlier comparison's runs): the same "
-    "script as the smoke command, which runs here",
+    r"^python -m benchmarks\.seal_vs_baselines (?!.*--report_only)(.*--out_dir=workdirs/"
+    r"(svb|svb_ent|seal_vs_baselines_(official|full|16|reduced|study))$)": "a full comparison "
+    "(hours; the 10-seed study about 6 hours on 2 cores; --warm_starts_from and --reuse read "
+    "an earlier comparison's runs): the same script as the smoke command, which runs here",
+    r"^python -m benchmarks\.seal_vs_baselines --report_only": "reports the study's finished "
+    "runs (none here); tests/test_seal_vs_baselines_stats.py reports synthetic runs",
 }
 
 
@@ -195,7 +203,7 @@ RUN = {
     ),
     "benchmarks.bench_train_pass": Budget(("--lengths=64", "--batch=1", "--repeats=1")),
     "benchmarks.seal_vs_baselines": Budget(
-        ("--seeds=1", "--variants=seal", "--sft_steps=1", "--max_steps=1", "--eval_every=1")
+        ("--seeds=1", "--arms=seal", "--sft_steps=1", "--max_steps=1", "--eval_every=1")
         + ("--eval_limit=4", "--batch_tasks=2", "--group_size=2", "--mini_batch_tasks=1")
         + ("--override=--config.rollout.max_new_tokens=16",)
         + ("--override=--config.train.eval_max_new_tokens=16",),
