@@ -1,0 +1,213 @@
+"""The statistics and the report of benchmarks/seal_vs_baselines.py, against independent
+derivations (scipy, hand-computed values, exact bootstrap distributions) and synthetic runs."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+
+import numpy as np
+import pytest
+from scipy import stats
+
+from benchmarks import seal_vs_baselines as svb
+
+
+def test_paired_differences_pair_by_seed_and_drop_unmatched():
+    seeds, d = svb.paired_differences({0: 0.5, 1: 0.7, 3: 0.9}, {1: 0.6, 0: 0.25, 2: 0.1})
+    assert seeds == [0, 1]
+    np.testing.assert_allclose(d, [0.25, 0.1])
+
+
+def test_t_interval_hand_computed():
+    # mean 3, sd sqrt(2.5), se sqrt(0.5), t_{4, 0.975} = 2.776445105
+    lo, hi = svb.t_interval([1.0, 2.0, 3.0, 4.0, 5.0])
+    half = 2.7764451051977934 * math.sqrt(0.5)
+    assert lo == pytest.approx(3 - half, abs=1e-9) and hi == pytest.approx(3 + half, abs=1e-9)
+    assert (lo, hi) == pytest.approx((1.0367568385, 4.9632431615), abs=1e-9)
+
+
+@pytest.mark.parametrize("n", [2, 3, 10, 25])
+def test_t_interval_matches_scipy_ttest_rel(n):
+    rng = np.random.default_rng(n)
+    a, b = rng.normal(0.6, 0.05, n), rng.normal(0.58, 0.05, n)
+    want = stats.ttest_rel(a, b).confidence_interval(0.95)
+    _, d = svb.paired_differences(dict(enumerate(a)), dict(enumerate(b)))
+    assert svb.t_interval(d) == pytest.approx((want.low, want.high), abs=1e-12)
+    want90 = stats.ttest_rel(a, b).confidence_interval(0.90)
+    assert svb.t_interval(d, 0.90) == pytest.approx((want90.low, want90.high), abs=1e-12)
+
+
+def test_intervals_degenerate_cases():
+    assert all(math.isnan(x) for x in svb.t_interval([0.3]))
+    assert all(math.isnan(x) for x in svb.bootstrap_interval([0.3]))
+    assert svb.t_interval([0.02] * 4) == pytest.approx((0.02, 0.02))
+    assert svb.bootstrap_interval([0.02] * 4) == pytest.approx((0.02, 0.02))
+
+
+def test_bootstrap_exact_small_distributions():
+    # n = 2, [0, 1]: resample means 0, 0.5, 1 with probabilities 1/4, 1/2, 1/4
+    assert svb.bootstrap_interval([0.0, 1.0]) == (0.0, 1.0)
+    # n = 3, [0, 0, 3]: P(mean = 0) = 8/27 > 2.5%, P(mean = 3) = 1/27 > 2.5%
+    assert svb.bootstrap_interval([0.0, 0.0, 3.0]) == (0.0, 3.0)
+    # n = 3, [0, 3, 3]: P(mean = 0) = 1/27, P(mean = 3) = 8/27
+    assert svb.bootstrap_interval([0.0, 3.0, 3.0]) == (0.0, 3.0)
+
+
+def test_bootstrap_re_derived_and_close_to_scipy():
+    d = np.random.default_rng(3).normal(0.02, 0.03, 10)  # distinct resample means: no ties
+    got = svb.bootstrap_interval(d)
+    assert got == svb.bootstrap_interval(d)  # fixed RNG seed: reproducible
+    assert got != svb.bootstrap_interval(d, seed=1)
+    # a loop over resamples drawn as documented
+    idx = np.random.default_rng(svb.BOOTSTRAP_SEED).integers(0, d.size, (10_000, d.size))
+    means = sorted(float(np.mean([d[i] for i in row])) for row in idx)
+    pos = 0.025 * (len(means) - 1)  # linear interpolation between order statistics
+    lo = means[int(pos)] + (pos - int(pos)) * (means[int(pos) + 1] - means[int(pos)])
+    assert got[0] == pytest.approx(lo, abs=1e-12)
+    # scipy's percentile bootstrap with its own resamples: equal up to Monte-Carlo error
+    ref = stats.bootstrap((d,), np.mean, method="percentile", n_resamples=10_000, rng=7)
+    sd_mean = d.std(ddof=1) / math.sqrt(d.size)
+    ci = ref.confidence_interval
+    assert got == pytest.approx((ci.low, ci.high), abs=0.15 * sd_mean)
+    # and both bracket the mean, inside the t interval's neighbourhood
+    t_lo, t_hi = svb.t_interval(d)
+    assert t_lo - sd_mean < got[0] < d.mean() < got[1] < t_hi + sd_mean
+
+
+def test_paired_summary():
+    s = svb.paired_summary({0: 0.7, 1: 0.6, 2: 0.5}, {0: 0.6, 1: 0.6, 2: 0.4})
+    assert s["n"] == 3 and s["seeds"] == [0, 1, 2]
+    assert s["mean"] == pytest.approx(0.2 / 3)
+    assert s["sd"] == pytest.approx(np.std([0.1, 0.0, 0.1], ddof=1))
+    assert s["t_interval"] == pytest.approx(list(svb.t_interval([0.1, 0.0, 0.1])))
+
+
+def _step(weights, tag_fraction, utilities=None):
+    w = np.asarray(weights, float)
+    return {
+        "rollout": {"tag_fraction": tag_fraction},
+        "weights": {
+            "weight_mean": float(w.mean()),
+            "weight_min": float(w.min()),
+            "weight_max": float(w.max()),
+            "weight_ess": float(w.sum() ** 2 / np.sum(w**2)),
+        },
+        "utilities": utilities or {},
+    }
+
+
+def test_weight_stats_from_step_summaries_bound_what_they_cannot_know():
+    steps = [[1.0, 1.0, 1.0, 1.0], [1.5, 1.2, 1.0, 1.0], [0.6, 1.0, 1.3, 1.0], [1.5] * 4]
+    train = [_step(w, {}) for w in steps]
+    w = svb.weight_summary([{"weights": svb.run_weight_stats(train, rows=4)}])
+    flat = np.concatenate(steps)
+    assert w["rows"] == 16 and not w["exact"] and w["quantiles"] is None
+    assert w["mean"] == pytest.approx(flat.mean()) and w["sd"] == pytest.approx(flat.std())
+    assert (w["min"], w["max"]) == (0.6, 1.5)
+    true_share = np.mean(flat != 1.0)  # 8 / 16
+    low, high = w["share_ne1"]
+    assert low <= true_share <= high
+    assert (low, high) == pytest.approx(((0 + 1 + 2 + 4) / 16, (0 + 3 + 4 + 4) / 16))
+
+
+def test_weight_and_tag_stats_from_trajectory_records_are_exact():
+    train = []
+    for weights, cats, tags in [
+        ([1.0, 1.5], ["base", "miss_func"], [["pass", "pass"], ["spurious_tool_call"]]),
+        ([0.6, 1.0], ["base", "miss_func"], [["instance_mismatch"], ["correct_abstention"]]),
+    ]:
+        record = _step(weights, {"pass": 0.5})
+        record["trajectories"] = {"weight": weights, "category": cats, "tags": tags}
+        train.append(record)
+    w = svb.weight_summary([{"weights": svb.run_weight_stats(train, rows=2)}])
+    assert w["exact"] and w["share_ne1"] == [0.5, 0.5]
+    assert w["quantiles"]["q50"] == pytest.approx(np.quantile([1.0, 1.5, 0.6, 1.0], 0.5))
+    tags = svb.run_tag_stats(train, counts=None)
+    assert tags["count"] == {"pass": 2, "spurious_tool_call": 1, "instance_mismatch": 1,
+                             "correct_abstention": 1}  # fmt: skip
+    got = svb.category_tag_counts([], train)["train"]
+    assert got == {"base": {"pass": 2, "instance_mismatch": 1},
+                   "miss_func": {"spurious_tool_call": 1, "correct_abstention": 1}}  # fmt: skip
+
+
+def test_acted_on_tags_follow_the_logged_utilities():
+    train = [_step([1.0], {}, {"utility/pass": 1.0, "utility/state_mismatch": 1.0}),
+             _step([1.0], {}, {"utility/pass": 1.0, "utility/state_mismatch": 1.07})]  # fmt: skip
+    assert svb.acted_on_tags(train, {"weighting": {"enabled": True}}) == {"state_mismatch"}
+    assert svb.acted_on_tags(train, {"weighting": {"enabled": False}}) == set()
+
+
+# ---- the report from synthetic runs ----------------------------------------------------------
+
+CATEGORIES = ("base", "miss_func")
+
+
+def _write_run(root, arm, seed, final, weighting=True, finished=True):
+    path = os.path.join(root, f"{arm}_seed{seed}")
+    os.makedirs(os.path.join(path, "warm_start"))
+    with open(os.path.join(path, "warm_start", "model.safetensors"), "wb") as f:
+        f.write(f"warm start of seed {seed}".encode())
+    config = {"seed": seed, "train": {"batch_tasks": 1}, "rl": {"group_size": 2},
+              "weighting": {"enabled": weighting}}  # fmt: skip
+    with open(os.path.join(path, "config.json"), "w") as f:
+        json.dump({**config, "arm": arm}, f)
+
+    def evaluation(step, acc):
+        return {"step": step, "eval": {
+            "accuracy": dict(zip(CATEGORIES, acc)), "mean": float(np.mean(acc)),
+            "strict_accuracy": dict(zip(CATEGORIES, acc)), "strict_mean": float(np.mean(acc)),
+            "tag_histogram": {"base": {"pass": 2, "empty_turn_model_response": 1},
+                              "miss_func": {"pass": 3}}}}  # fmt: skip
+
+    weights = [1.5, 1.0] if weighting else [1.0, 1.0]
+    utilities = {"utility/pass": 1.0, "utility/empty_turn_model_response": 1.5}
+    step = _step(weights, {"pass": 0.75, "empty_turn_model_response": 0.25}, utilities)
+    lines = [evaluation(0, (0.5, 0.5)), {**step, **evaluation(1, final)} if finished else step]
+    with open(os.path.join(path, "metrics.jsonl"), "w") as f:
+        f.write("\n".join(json.dumps(line) for line in lines) + "\n")
+    if finished:
+        with open(os.path.join(path, "wall_s"), "w") as f:
+            f.write("12.5")
+
+
+def test_report_only_reports_the_finished_runs(tmp_path):
+    root = str(tmp_path / "runs")
+    for seed, (s, v) in enumerate([(0.7, 0.6), (0.6, 0.6), (0.8, 0.5)]):
+        _write_run(root, "seal", seed, (s, s))
+        _write_run(root, "vanilla_grpo", seed, (v, v), weighting=False)
+    _write_run(root, "seal", 3, (0.9, 0.9))  # no vanilla_grpo partner: unpaired
+    _write_run(root, "vanilla_grpo", 4, (0.1, 0.1), finished=False)  # unfinished: ignored
+    out = str(tmp_path / "out")
+    text = svb.write_report(out, root, ["seal", "vanilla_grpo", "closed_loop"], "configs/tiny.py")
+    for name in ("results.md", "results.json", "comparison.png", "paired_differences.png"):
+        assert os.path.isfile(os.path.join(out, name)), name
+    assert "| seal | 4 | 0, 1, 2, 3 |" in text and "| vanilla_grpo | 3 | 0, 1, 2 |" in text
+    assert "| closed_loop | 0 |" in text
+    with open(os.path.join(out, "results.json")) as f:
+        results = json.load(f)
+    p = results["paired"]["seal"]["official"]["mean"]
+    assert p["n"] == 3 and p["diffs"] == pytest.approx([0.1, 0.0, 0.3])
+    assert p["t_interval"] == pytest.approx(list(svb.t_interval([0.1, 0.0, 0.3])))
+    assert p["bootstrap_interval"] == pytest.approx(list(svb.bootstrap_interval([0.1, 0.0, 0.3])))
+    # the tags and weights of the training steps
+    assert results["tags"]["seal"]["share"] == {"empty_turn_model_response": 0.25, "pass": 0.75}
+    assert results["weights"]["vanilla_grpo"]["share_ne1"] == [0.0, 0.0]
+    assert results["weights"]["seal"]["mean"] == pytest.approx(1.25)
+    # miss_func never shows empty_turn_model_response, the one tag with a utility != 1
+    assert results["categories"]["seal"]["eval"]["miss_func"] == [24, 0]
+    assert "never produced a tag the weighting acts on:** seal (eval): miss_func" in text
+    assert "vanilla_grpo: weighting off" in text
+
+
+def test_report_with_no_finished_run(tmp_path):
+    text = svb.write_report(str(tmp_path), str(tmp_path / "none"), ["seal"], "configs/tiny.py")
+    assert "No finished run yet" in text
+
+
+def test_arms():
+    assert set(svb.STUDY_ARMS) <= set(svb.ARMS) and svb.BASELINE in svb.STUDY_ARMS
+    assert svb.ARMS["released_interface"] == ("seal", ("--config.interface.schema_cues=static",))
+    for variant in svb.VARIANTS:
+        assert svb.ARMS[variant] == (variant, ())
