@@ -29,8 +29,9 @@ def _named_arguments(task: ToolTask, call: ToolCall) -> dict:
     raise ValueError(f"{task.task_id}: ground-truth tool {call.name!r} not found")
 
 
-def oracle_turns(task: ToolTask) -> list[list[str]]:
-    """Returns, per user turn, the assistant messages that replay the ground truth.
+def oracle_turns(task: ToolTask, tool_format: str = "qwen") -> list[list[str]]:
+    """Returns, per user turn, the assistant messages that replay the ground truth, its calls
+    written in `tool_format` (`qwen` or `qwen_xml`: toolcall.render_tool_call).
 
     A turn with ground-truth calls gets one message per call (a later call may use an earlier
     one's result, as sending the text of a file just read does), then a final answer; a turn
@@ -39,7 +40,8 @@ def oracle_turns(task: ToolTask) -> list[list[str]]:
     turns = []
     for sources in task.ground_truth:
         calls = [parse_python_call(source) for source in sources]
-        blocks = [render_tool_call(ToolCall(c.name, _named_arguments(task, c))) for c in calls]
+        calls = [ToolCall(c.name, _named_arguments(task, c)) for c in calls]
+        blocks = [render_tool_call(call, tool_format) for call in calls]
         turns.append([*blocks, FINAL_ANSWER] if blocks else [CLARIFY])
     return turns
 

@@ -123,10 +123,11 @@ def _warm_start(config: Any, path: str, out: str) -> None:
     chat = chat_format(
         model.tokenizer(), config.model.chat_format, enable_thinking=config.rollout.enable_thinking
     )
-    if chat.tool_format != "qwen":  # the oracle (environments/policies.py) writes Qwen calls
+    if chat.tool_format == "toolace":  # the oracle (environments/policies.py) writes Qwen calls
         raise config_lib.ConfigError(
             f"--config.sft.steps={config.sft.steps}: the warm start's oracle writes Qwen tool "
-            f"calls, not the {chat.tool_format} format of this checkpoint; use sft.steps=0"
+            f"calls (qwen, qwen_xml), not the {chat.tool_format} format of this checkpoint; use "
+            "sft.steps=0"
         )
     tasks = [source.load_task(i) for i in ids]
     # Both views the policy will meet: the plain interface (evaluation) and, when a component is

@@ -55,11 +55,12 @@ def oracle_transcript(
     Raises:
       ValueError: the oracle's replay does not finish the episode with success.
     """
+    renderer = dataclasses.replace(renderer or Renderer(), tool_format=chat.tool_format)
     episode = Episode(task, EpisodeConfig(mode="training"), renderer)
     ids = chat.prompt_ids(episode.reset())
     mask = [False] * len(ids)
     done = False
-    for text in (message for turn in oracle_turns(task) for message in turn):
+    for text in (message for turn in oracle_turns(task, chat.tool_format) for message in turn):
         reply = chat.encode(text) + [chat.end_of_turn_id]
         ids += reply
         mask += [True] * len(reply)

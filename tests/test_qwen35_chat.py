@@ -548,3 +548,18 @@ def test_the_unparseable_hint_describes_the_xml_calls():
     tags = [t.split("=")[0] for t in re.findall(r"</?[a-z_]+=?", call)]
     assert [t.split("=")[0] for t in re.findall(r"</?[a-z_]+=?", hint)] == tags
     assert '"name"' not in hint
+
+
+def test_the_warm_start_oracle_writes_xml_calls_that_solve_the_task(tokenizer):
+    """sft.oracle_transcript for a Qwen3.5 chat format: the oracle's calls are qwen_xml blocks,
+    the episode (parsing them with the shown tools' schemas) ends in success, and the loss
+    covers exactly the replies."""
+    from seal_jax import sft
+
+    fmt = chat_format(tokenizer)
+    task = load_task("multi_turn_base_0")
+    ids, mask = sft.oracle_transcript(task, fmt)
+    replies = tokenizer.decode(ids[mask])
+    assert "<function=cd>" in replies and '{"name"' not in replies
+    (first,) = oracle_turns(task, "qwen_xml")[0][:1]
+    assert replies.startswith(first + "<|im_end|>")
