@@ -348,8 +348,11 @@ def test_default_layer_order_is_three_linear_then_one_full():
     assert (cfg.num_linear_layers, cfg.num_full_layers, cfg.rotary_dim) == (6, 2, 8)
 
 
-# Batches of 4 rows (2 prompts x 2 samples; the prompt prefill too, a multiple of the 4 batch
-# shards) and prefill pieces 8 wide: one prefill and one decode program.
+# Two greedy turns of 2 prompts x 4 samples on 4 batch shards, with the rollout fixture's calls:
+# turn 1 runs in batches of 8 rows and, once rows 0, 2, 4 and 5 are done, of 4 (the others
+# parked in a second cache of 4); turn 2 rejoins rows 0, 2 and 5 (no environment ids) from the
+# parked cache with row 3 from the active one. Every cache holds 32 slots and every prefill
+# piece is 8 wide: two prefill, two decode and three relayout programs.
 SHARDED = """
 import dataclasses, json, sys
 import jax, jax.numpy as jnp, numpy as np
@@ -358,25 +361,33 @@ from seal_jax.rollout import EngineConfig, RolloutEngine
 from seal_jax.sampler import SamplingParams
 from seal_jax.sharding import make_mesh
 from tests import hf_models
-path = sys.argv[1]
+path, prompts, new_tokens = sys.argv[1], json.loads(sys.argv[2]), int(sys.argv[3])
 ids, positions, mask = hf_models.padded_batch(256)
 mesh = make_mesh(data=4, fsdp=1, tensor=2)
-out = {"logits": {}, "specs": {}}
+def spec(x):
+    return [list(a) if isinstance(a, tuple) else a for a in x.sharding.spec]
+out = {"logits": {}}
 model = load_hf_checkpoint(path, mesh=mesh)
 for dtype in ("float32", "bfloat16"):
     run = dataclasses.replace(model, compute_dtype=jnp.dtype(dtype))
     out["logits"][dtype] = np.asarray(run.logits(ids, positions, mask), np.float32).tolist()
 flat = jax.tree_util.tree_leaves_with_path(model.params)
-for p, x in flat:
-    name = "/".join(str(k.key) for k in p)
-    out["specs"][name] = [list(a) if isinstance(a, tuple) else a for a in x.sharding.spec]
-cfg = EngineConfig(context_limit=32, max_new_tokens=int(sys.argv[3]), stop_ids=(-1,),
-                   sampling=SamplingParams("greedy"), prefill_chunk=8, decode_segment=4,
-                   min_cache_len=16, min_prefill_width=8)
-rollout = RolloutEngine(model.config, mesh, cfg).start(model.params, json.loads(sys.argv[2]), 2)
-out["rows"] = [t.ids for _, t in sorted(rollout.generate().items())]
-state = rollout._parts[0][0]["state"]
-out["state_spec"] = [list(a) if isinstance(a, tuple) else a for a in state.sharding.spec]
+out["specs"] = {"/".join(str(k.key) for k in p): spec(x) for p, x in flat}
+cfg = EngineConfig(context_limit=32, max_new_tokens=new_tokens, stop_ids=(-1,),
+                   sampling=SamplingParams("greedy"), prefill_chunk=8, decode_segment=3,
+                   min_cache_len=32, min_prefill_width=8)
+engine = RolloutEngine(model.config, mesh, cfg)
+rollout = engine.start(model.params, prompts, num_samples=4)
+rng = np.random.default_rng(1)
+out["env"] = {r: rng.integers(0, 255, n).tolist() for r, n in ((0, 4), (2, 7), (3, 1), (5, 0))}
+out["turns"], out["caches"] = [], []
+for env, budgets in ((None, {0: 2, 2: 1, 4: 3, 5: 2}), (out["env"], {0: 2})):
+    out["turns"].append({r: t.ids for r, t in rollout.generate(env, budgets).items()})
+    # The caches that carry the rows into the next turn (the parked one too).
+    out["caches"].append([{n: spec(x) for n, x in c.items()} for c, _ in rollout._parts])
+fields = ("token_ids", "loss_mask", "policy_logprobs")
+out["sequences"] = [{f: getattr(s, f).tolist() for f in fields} for s in rollout.sequences()]
+out["compiled"] = engine.compile_counts()
 print(json.dumps(out))
 """
 
@@ -400,9 +411,12 @@ def test_eight_devices_shard_every_parameter_kind_and_match(
     checkpoints, greedy_references, sharded_run
 ):
     """On a 4 x 2 (data x tensor) mesh: the rules' layouts for every new parameter kind, torch's
-    logits (the float32 and bfloat16 tolerances above) and greedy replies (one turn of two
-    segments)."""
-    _, torch_model = checkpoints["qwen35_mixed"]
+    logits (the float32 and bfloat16 tolerances above) and a two-turn rollout whose rows park
+    and rejoin (SHARDED): turn 1 is transformers' greedy continuation, every sampled token of
+    both turns is the argmax, and its log-prob the log-softmax, of a teacher-forced pass over
+    the finished row, and every cache entry of every cache carried between turns (the parked
+    one too) is laid out as the engine's rules say."""
+    path, torch_model = checkpoints["qwen35_mixed"]
     result = json.loads(sharded_run.result().splitlines()[-1])
     specs = result["specs"]
     attn, lin = "layers/l1/self_attn", "layers/l0/linear_attn"
@@ -420,23 +434,85 @@ def test_eight_devices_shard_every_parameter_kind_and_match(
     for dtype, tol in (("float32", 1e-4), ("bfloat16", 0.2)):
         got = np.asarray(result["logits"][dtype])
         assert np.abs(got[valid] - expected[valid]).max() <= tol
-    assert result["state_spec"] == [None, ["data", "fsdp"], None, None, None]
-    assert result["rows"] == [ref for ref in greedy_references for _ in range(2)]
+    # The rows were compacted (batches of 8 and 4) and parked: two caches after turn 1.
+    assert result["compiled"]["decode"] == result["compiled"]["prefill"] == 2
+    assert [len(caches) for caches in result["caches"]] == [2, 1]
+    rows, kv = ["data", "fsdp"], [None, ["data", "fsdp"], "tensor", None, None]
+    layout = {"k": kv, "v": kv, "conv": [None, rows, None, None], "mask": [rows, None]}
+    layout.update(state=[None, rows, None, None, None], index=[rows])
+    assert all(cache == layout for caches in result["caches"] for cache in caches)
+    first, second = ({int(r): t for r, t in turn.items()} for turn in result["turns"])
+    env = {int(r): e for r, e in result["env"].items()}
+    assert sorted(first) == list(range(8)) and sorted(second) == [0, 2, 3, 5]
+    budgets = {0: 2, 2: 1, 4: 3, 5: 2}
+    for r in range(8):
+        assert first[r] == greedy_references[r // 4][: budgets.get(r, NEW_TOKENS)]
+    assert [len(second[r]) for r in (0, 2, 3, 5)] == [2, NEW_TOKENS, NEW_TOKENS, NEW_TOKENS]
+    sequences = result["sequences"]
+    ps = prompts(torch_model.config.vocab_size, PROMPT_LENGTHS)
+    for r, seq in enumerate(sequences):
+        parts = [(ps[r // 4], False), (first[r], True)]
+        if r in second:
+            parts += [(env[r], False), (second[r], True)]
+        assert seq["token_ids"] == [i for ids, _ in parts for i in ids]
+        assert seq["loss_mask"] == [m for ids, m in parts for _ in ids]
+    # Teacher forcing in batches of 4 rows x 32: the float32 parity test's compiled program.
+    model = _with_chunk(load_hf_checkpoint(path), 4)
+    for batch in (sequences[:4], sequences[4:]):
+        ids = np.zeros((4, 32), np.int32)
+        for i, seq in enumerate(batch):
+            ids[i, : len(seq["token_ids"])] = seq["token_ids"]
+        positions = np.broadcast_to(np.arange(32), ids.shape)
+        real = positions < np.asarray([[len(seq["token_ids"])] for seq in batch])
+        logits, _ = _logits(model.params, model.config, ids, positions, real)
+        for i, seq in enumerate(batch):
+            n = len(seq["token_ids"])
+            target, on = ids[i, 1:n], np.asarray(seq["loss_mask"][1:])
+            policy = np.asarray(jax.nn.log_softmax(logits[i, : n - 1]))[np.arange(n - 1), target]
+            np.testing.assert_array_equal(target[on], logits[i, : n - 1].argmax(-1)[on])
+            got = np.asarray(seq["policy_logprobs"][1:])
+            np.testing.assert_allclose(got[on], policy[on], atol=1e-4)
 
 
-def test_compile_mode_says_it_does_not_cover_qwen35_yet(checkpoints, tmp_path):
-    """--mode=compile on a Qwen3.5 checkpoint ends in one clear error line (no memory plan yet),
-    before any weight is read."""
+def test_compile_mode_reports_every_program_of_qwen35(checkpoints, tmp_path):
+    """`run.py --mode=compile` on a Qwen3.5 checkpoint, 8 simulated CPU devices, from its
+    config.json alone: every program of a step (continuous batching's too) compiles and is
+    reported with its memory per device, and the resident cache is the full layers' KV plus the
+    linear layers' states, as `estimate.cache_bytes_per_row` counts them."""
+    from seal_jax import estimate
+    from seal_jax.models.config import architecture_from_dir
+
     path, _ = checkpoints["qwen35_mixed"]
+    workdir = tmp_path / "w"
     cmd = [
         sys.executable,
         os.path.join(REPO, "run.py"),
-        "--config=configs/qwen35.py",
+        "--config=configs/tiny.py",  # a 1,024-token context, float32 compute
         f"--config.model.path={path}",
-        f"--workdir={tmp_path / 'w'}",
+        "--config.model.scratch.enabled=false",
+        "--config.sft.steps=0",
+        "--config.mesh.data=1",
+        "--config.mesh.fsdp=-1",
+        "--config.rollout.slots=16",
+        "--config.compilation_cache_dir=",
+        f"--workdir={workdir}",
         "--mode=compile",
     ]
-    proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=300)
-    errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
-    assert proc.returncode == 2 and len(errors) == 1, proc.stderr[-2000:]
-    assert "does not cover Qwen3.5" in errors[0] and "Traceback" not in proc.stderr
+    env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=8"}
+    env["JAX_PLATFORMS"] = "cpu"
+    proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    report = json.loads((workdir / "compile.json").read_text())
+    names = [p["name"] for p in report["programs"]]
+    rollout = ["rollout_prefill", "rollout_decode", "rollout_prefill_rows", "rollout_copy_rows"]
+    assert names == ["update_micro_step", "logprob_pass", *rollout]
+    assert report["fits"] and report["chips"] == 8
+    for program in report["programs"]:
+        assert 0 < program["peak_bytes_per_chip"] <= report["hbm_bytes_per_chip"], program
+        assert program["peak_bytes_per_chip"] >= program["argument_bytes"] + program["temp_bytes"]
+    # 16 slots of 1,024 positions over 8 devices: 2 rows per device, float32 cache.
+    row = estimate.cache_bytes_per_row(architecture_from_dir(path), 1024, dtype_bytes=4)
+    assert row["state"] > 0 and row["conv"] > 0
+    assert report["resident_bytes_per_chip"]["kv_cache"] == 2 * sum(row.values())
+    assert "rollout_decode" in proc.stdout and "peak" in proc.stdout
+    assert not (workdir / "warm_start").exists()  # no weights trained or loaded

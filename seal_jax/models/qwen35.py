@@ -15,6 +15,14 @@ full-attention layers, in the order of the config's `layer_types`.
 Padding never reaches the recurrent state: padded positions have zero q, k, v, beta and decay
 exp(0) = 1, so the state passes them unchanged, wherever they sit.
 
+Shared-prompt training passes (`token_logprobs(..., prompt=...)`, as `Qwen`'s): each group's
+prompt runs once and yields, per layer, what its rows continue from: the full layers' keys and
+values (the rows' queries attend to them where the prompt's mask is set) and the linear layers'
+convolution inputs (the last K-1 real ones) and recurrent state at the end of the prompt, from
+which the rows' convolution and chunked delta rule go on; so the prompt may be padded on either
+side. The group's rows share these arrays, so their gradients through the prompt add up, as if
+each row had its own.
+
 Layers are scanned over repetitions of `cfg.layer_pattern` (Qwen3.5: three linear layers and one
 full, scanned eight times for 32 layers); the parameters of pattern position j are
 `layers/l{j}/...` with a leading repetition axis, so HF layer g * len(pattern) + j is entry g.
@@ -175,13 +183,11 @@ def chunked_delta_rule(
     # Row i of the unit lower-triangular system couples token i's update to the earlier ones.
     system = jnp.einsum("...id,...jd->...ij", k_beta, k) * decay
 
-    def solve(rhs: jax.Array) -> jax.Array:
-        return jax.lax.linalg.triangular_solve(
-            system, rhs, left_side=True, lower=True, unit_diagonal=True
-        )
-
-    values = solve(v * beta[..., None])  # the updates if the incoming state were zero
-    reads = solve(k_beta * jnp.exp(cum)[..., None])  # how each update reads the incoming state
+    # The updates if the incoming state were zero, and how each update reads the incoming state.
+    rhs = (v * beta[..., None], k_beta * jnp.exp(cum)[..., None])
+    values, reads = jax.lax.platform_dependent(
+        system, *rhs, cpu=_solve_by_inverse, default=_solve_by_substitution
+    )
     intra = jnp.einsum("...id,...jd->...ij", q, k) * decay
     q_decayed = q * jnp.exp(cum)[..., None]
     k_decayed = k * jnp.exp(cum[..., -1:] - cum)[..., None]
@@ -197,6 +203,42 @@ def chunked_delta_rule(
     state, out = jax.lax.scan(step, state, xs)  # out [N, B, H, C, Dv]
     out = jnp.moveaxis(out, (0, 3), (1, 2)).reshape(b, n * chunk, *out.shape[2:3], -1)
     return out[:, :t], state
+
+
+def _solve_by_substitution(system: jax.Array, *rhs: jax.Array) -> tuple[jax.Array, ...]:
+    """Each rhs [..., C, D] solved against the unit lower-triangular part of system [..., C, C]
+    (XLA's triangular solve)."""
+    return tuple(
+        jax.lax.linalg.triangular_solve(system, b, left_side=True, lower=True, unit_diagonal=True)
+        for b in rhs
+    )
+
+
+def _solve_by_inverse(system: jax.Array, *rhs: jax.Array) -> tuple[jax.Array, ...]:
+    """`_solve_by_substitution` by matrix products alone, for CPUs: jaxlib's LAPACK triangular
+    solve splits its batch over XLA's CPU thread pool from inside that pool and waits, so two
+    solves running at once on a 2-core host deadlock it (jaxlib 0.10; a training step's backward
+    pass has several).
+
+    The inverse of the unit lower-triangular matrix is built from those of its diagonal blocks
+    of 1, 2, 4, ... rows, [[A, 0], [B, D]]^-1 = [[A^-1, 0], [-D^-1 B A^-1, D^-1]]: the blocked
+    inversion, log2(C) levels of two products each.
+    """
+    c = system.shape[-1]
+    n = 1 << (c - 1).bit_length()  # padded to a power of two; the padding's inverse is I
+    pad = [(0, 0)] * (system.ndim - 2) + [(0, n - c)] * 2
+    strict = jnp.tril(jnp.pad(system, pad), -1)
+    inverse = jnp.broadcast_to(jnp.eye(n, dtype=system.dtype), strict.shape)
+    rows = jnp.arange(n)
+    size = 1
+    while size < n:
+        # The B blocks: below the diagonal blocks of `size` rows, within those of 2 * size rows.
+        pair, block = rows // (2 * size), rows // size
+        below = (pair[:, None] == pair[None, :]) & (block[:, None] != block[None, :])
+        inverse = inverse - inverse @ jnp.where(below, strict, 0.0) @ inverse
+        size *= 2
+    inverse = inverse[..., :c, :c]
+    return tuple(inverse @ b for b in rhs)
 
 
 def last_real(x: jax.Array, mask: jax.Array, n: int) -> jax.Array:
@@ -286,11 +328,15 @@ class GatedAttention(nn.Module):
     attention: str = "xla"
 
     @nn.compact
-    def __call__(self, x: jax.Array, layer_cache: Any, ctx: dict) -> tuple[jax.Array, Any]:
-        """x [B,T,E] -> (output [B,T,E], the cache or None).
+    def __call__(
+        self, x: jax.Array, layer_cache: Any, ctx: dict, prefix: Any = None
+    ) -> tuple[jax.Array, Any, Any]:
+        """x [B,T,E] -> (output [B,T,E], the cache or None, this call's (k, v) or None).
 
         layer_cache: None, or (the whole (k, v) cache of the full layers, this layer's index in
         it): the call's keys and values are written there (`qwen.cached_attention`).
+        prefix: a shared prompt's (k, v) [B,P,KVH,D], attended to where ctx "prefix_mask" [B,P]
+        is set. The call's (k, v) come back when ctx has "return_state" (a prompt pass).
         """
         cfg, dt, pdt = self.cfg, self.dtype, self.param_dtype
         b, t, _ = x.shape
@@ -309,7 +355,11 @@ class GatedAttention(nn.Module):
             OffsetRMSNorm(cfg.rms_norm_eps, dt, pdt, name="k_norm")(k), *ctx["rope"]
         )
         new_cache = None
-        if layer_cache is not None:
+        kv = (k, v) if "return_state" in ctx else None
+        if prefix is not None:  # training on a shared prompt
+            prefix = (*prefix, ctx["prefix_mask"])
+            out = causal_attention(q, k, v, ctx["key_mask"], self.attn_chunk, prefix)
+        elif layer_cache is not None:
             out, new_cache = cached_attention(q, k.astype(dt), v.astype(dt), *layer_cache, ctx)
         elif self.attention == "xla":
             out = causal_attention(q, k, v, ctx["key_mask"], self.attn_chunk)
@@ -318,7 +368,7 @@ class GatedAttention(nn.Module):
             out = splash_causal_attention(q, k, v, ctx["key_mask"], interpret)
         out = constrain(out, "batch", None, "heads", None).reshape(b, t, h * hd)
         out = out * nn.sigmoid(gate.reshape(b, t, h * hd))
-        return _dense(cfg.hidden_size, "o_proj", dt, pdt)(out), new_cache
+        return _dense(cfg.hidden_size, "o_proj", dt, pdt)(out), new_cache, kv
 
 
 class Qwen35Layer(nn.Module):
@@ -334,43 +384,64 @@ class Qwen35Layer(nn.Module):
 
     @nn.compact
     def __call__(
-        self, x: jax.Array, cache: Cache | None, index: jax.Array | None, ctx: dict
-    ) -> tuple[jax.Array, Cache | None]:
-        """x [B,T,E] -> (x', the cache with this layer's entries updated, or None).
+        self,
+        x: jax.Array,
+        cache: Cache | None,
+        index: jax.Array | None,
+        ctx: dict,
+        prompt_state: Any = None,
+    ) -> tuple[jax.Array, Cache | None, Any]:
+        """x [B,T,E] -> (x', the cache with this layer's entries updated or None, this layer's
+        state at the end of a prompt pass or None).
 
         cache: None, or the whole {"k", "v", "conv", "state"} cache; index: this layer's entry
-        in the cache arrays of its kind.
+        in the cache arrays of its kind. prompt_state: the state of a shared prompt that the rows
+        continue (ctx has "prefix_mask"): (k, v) of a full layer, (conv, state) of a linear one.
+        With ctx "return_state" (a prompt pass) the layer returns that state.
         """
         cfg, dt, pdt = self.cfg, self.dtype, self.param_dtype
         x = constrain(x, "batch", None, None)
         h = OffsetRMSNorm(cfg.rms_norm_eps, dt, pdt, name="input_layernorm")(x)
         if self.kind == LINEAR_ATTENTION:
-            a, cache = self._linear(h, cache, index, ctx)
+            a, cache, state = self._linear(h, cache, index, ctx, prompt_state)
         else:
             mixer = GatedAttention(cfg, dt, pdt, self.attn_chunk, self.attention, name="self_attn")
             layer_cache = None if cache is None else ((cache["k"], cache["v"]), index)
-            a, kv = mixer(h, layer_cache, ctx)
+            a, kv, state = mixer(h, layer_cache, ctx, prompt_state)
             cache = None if cache is None else {**cache, "k": kv[0], "v": kv[1]}
         x = constrain(x + a, "batch", None, None)
         h = OffsetRMSNorm(cfg.rms_norm_eps, dt, pdt, name="post_attention_layernorm")(x)
         x = x + Mlp(cfg, dt, pdt, self.mlp_chunk, name="mlp")(h)
-        return constrain(x, "batch", None, None), cache
+        return constrain(x, "batch", None, None), cache, state
 
     def _linear(
-        self, h: jax.Array, cache: Cache | None, index: jax.Array | None, ctx: dict
-    ) -> tuple[jax.Array, Cache | None]:
+        self,
+        h: jax.Array,
+        cache: Cache | None,
+        index: jax.Array | None,
+        ctx: dict,
+        prompt_state: Any,
+    ) -> tuple[jax.Array, Cache | None, Any]:
         """The linear attention, its (conv, state) read from the cache at `index` and the new
-        ones written back there (in place: each is written after its read)."""
+        ones written back there (in place: each is written after its read); or starting from a
+        shared prompt's (conv, state); or, on a prompt pass, from zeros, returning the final
+        (conv, state)."""
         mixer = GatedDeltaNet(self.cfg, self.dtype, self.param_dtype, name="linear_attn")
+        if cache is None and prompt_state is not None:
+            return mixer(h, prompt_state, ctx)[0], None, None
+        if cache is None and "return_state" in ctx:
+            empty = init_cache(self.cfg, h.shape[0], 0, self.dtype)  # zero conv inputs and state
+            a, state = mixer(h, (empty["conv"][0], empty["state"][0]), ctx)
+            return a, None, state
         if cache is None:
-            return mixer(h, None, ctx)
+            return mixer(h, None, ctx)[0], None, None
         names = ("conv", "state")
         state = [jax.lax.dynamic_index_in_dim(cache[n], index, keepdims=False) for n in names]
         a, new = mixer(h, state, ctx)
         for name, y in zip(names, new):
             y = y.astype(cache[name].dtype)
             cache = {**cache, name: jax.lax.dynamic_update_index_in_dim(cache[name], y, index, 0)}
-        return a, cache
+        return a, cache, None
 
 
 class LayerGroup(nn.Module):
@@ -385,15 +456,22 @@ class LayerGroup(nn.Module):
     attention: str = "xla"
 
     @nn.compact
-    def __call__(self, carry: tuple, group: jax.Array | None, ctx: dict) -> tuple[tuple, None]:
-        """carry (x [B,T,E], the cache or None) -> (the carry after the group, None); group:
-        this repetition's index when there is a cache."""
+    def __call__(self, carry: tuple, group: Any, ctx: dict) -> tuple[tuple, tuple | None]:
+        """carry (x [B,T,E], the cache or None) -> (the carry after the group, the group's
+        layers' states (one per pattern position) on a prompt pass (ctx "return_state"), else
+        None).
+
+        group: this repetition's index when there is a cache; the shared prompt's states of the
+        group's layers (as a prompt pass returns them) when ctx has "prefix_mask"; else None.
+        """
         x, cache = carry
         pattern = self.cfg.layer_pattern
         seen = {LINEAR_ATTENTION: 0, FULL_ATTENTION: 0}
+        states = []
         for j, kind in enumerate(pattern):
             # This layer's entry in its kind's cache arrays (ordered as the layers).
             index = None if cache is None else group * pattern.count(kind) + seen[kind]
+            prompt_state = group[j] if "prefix_mask" in ctx else None
             seen[kind] += 1
             layer = Qwen35Layer(
                 self.cfg,
@@ -405,8 +483,9 @@ class LayerGroup(nn.Module):
                 self.attention,
                 name=f"l{j}",
             )
-            x, cache = layer(x, cache, index, ctx)
-        return (x, cache), None
+            x, cache, state = layer(x, cache, index, ctx, prompt_state)
+            states.append(state)
+        return (x, cache), (tuple(states) if "return_state" in ctx else None)
 
 
 class Qwen35(nn.Module):
@@ -498,15 +577,43 @@ class Qwen35(nn.Module):
         with_entropy: bool,
         prompt: SharedPrompt | None = None,
     ) -> tuple[jax.Array, jax.Array | None]:
-        """log p(targets[b, t] | tokens <= t) [B, T] float32 (and the entropy if asked)."""
-        if prompt is not None:
-            raise ValueError(
-                "Qwen3.5 does not support shared-prompt training passes (its linear layers "
-                "would need each prompt's recurrent state); turn the shared prompt off"
-            )
-        hidden, _ = self(input_ids, positions, mask)
+        """log p(targets[b, t] | tokens <= t) [B, T] float32 (and the entropy if asked).
+
+        prompt: tokens shared by consecutive rows that come before each row's input_ids (see
+        `SharedPrompt`); they run once per group, and the group's rows continue from their
+        states (see the module docstring), so the group's gradient through them is summed, as if
+        each row had its own. The rows must be right-padded (their first id follows the prompt's
+        last one).
+        """
+        if prompt is None:
+            hidden, _ = self(input_ids, positions, mask)
+        else:
+            hidden = self._after_prompt(input_ids, positions, mask, prompt)
         w = self.output_embedding().astype(self.dtype)
         return chunked_token_logprobs(hidden, w, targets, chunk, with_entropy)
+
+    def _after_prompt(
+        self, input_ids: jax.Array, positions: jax.Array, mask: jax.Array, prompt: SharedPrompt
+    ) -> jax.Array:
+        """Final hidden states [B, T, E] of rows that continue their group's shared prompt."""
+        ids, prompt_positions, prompt_mask = prompt
+        rows_per_prompt = input_ids.shape[0] // ids.shape[0]
+        prompt_mask = prompt_mask.astype(bool)
+        ctx = {
+            "rope": rope_tables(prompt_positions, self.cfg),
+            "key_mask": prompt_mask,
+            "return_state": (),
+        }
+        _, states = self.layers((self.embed_tokens(ids), None), None, ctx)
+        # Per pattern position, the layers' states [repetitions, G, ...] -> [repetitions, B, ...].
+        states = jax.tree.map(lambda a: jnp.repeat(a, rows_per_prompt, axis=1), states)
+        ctx = {
+            "rope": rope_tables(positions, self.cfg),
+            "key_mask": mask.astype(bool),
+            "prefix_mask": jnp.repeat(prompt_mask, rows_per_prompt, axis=0),
+        }
+        (x, _), _ = self.layers((self.embed_tokens(input_ids), None), states, ctx)
+        return self.norm(x)
 
 
 def init_cache(
