@@ -28,10 +28,13 @@ def base_config() -> ml_collections.ConfigDict:
     # compile time flat in depth; a shallow model on CPU runs faster fully unrolled (the layer
     # count). Rollouts always scan: unrolled, a CPU decode step took 1.6-1.9x as long.
     c.model.scan_unroll = 1
-    # Chat and tool-call format (seal_jax/chat.py): auto (from the tokenizer's special tokens) |
-    # qwen (its own template, <tool_call> JSON) | llama3 (Llama 3.1 template, ToolACE's Python
-    # call lists, tool results as ipython)
+    # Chat and tool-call format (seal_jax/chat.py): auto (from the tokenizer's special tokens and
+    # template) | qwen (its own template, <tool_call> JSON) | qwen35 (its own template, Qwen3.5's
+    # XML calls) | llama3 (Llama 3.1 template, ToolACE's Python call lists, tool results as
+    # ipython). tool_format: auto (the chat format's) or one of environments.toolcall's
+    # TOOL_FORMATS (qwen, qwen_xml, toolace) shown to and parsed from the policy instead.
     c.model.chat_format = "auto"
+    c.model.tool_format = "auto"
 
     # A from-scratch tiny policy, used when model.path is empty (<workdir>/scratch_policy):
     # a Qwen2 architecture with the suite's tokenizer and tied embeddings.

@@ -7,7 +7,9 @@ and keeps the paper's training settings, which are this project's defaults (conf
 gradient clip 1.0, PPO clip 0.2 / 0.2 with dual clip 10, KL to the reference 0.001 (low_var_kl,
 k3), no entropy bonus, 6 epochs, evaluation every 10 steps and before training (greedy, one
 sample), prompts up to 8,192 tokens, 4,096 per reply, 16,384 per episode, at most 20 model
-calls per episode, gradient checkpointing. What differs from configs/qwen.py is the backbone.
+calls per episode, gradient checkpointing. What differs from configs/qwen.py is the backbone
+and, as in the release, thinking on in Qwen3.5's chat template with Qwen's JSON tool calls shown
+(`--config.model.tool_format=auto` shows Qwen3.5's own XML calls instead).
 
 Set the checkpoint directory: `--config.model.path=/path/to/Qwen3.5-4B` (nothing is downloaded;
 the vision-language checkpoint loads its language model).
@@ -65,6 +67,13 @@ def get_config(spec: str = "seal") -> ml_collections.ConfigDict:
         )
     c = qwen.get_config(variants[0] if variants else "seal")
     c.model.path = ""  # e.g. /mnt/models/Qwen3.5-4B
+    # The release prompts Qwen3.5 as it does Qwen2.5 (exp/SEAL.yaml tool_prompt_mode:
+    # bfcl_qwen_fc): Qwen's JSON <tool_call> calls, not the XML calls of Qwen3.5's own template
+    # (model.tool_format=auto shows and parses those: chat format qwen35).
+    c.model.tool_format = "qwen"
+    # It renders with the template's default, thinking on (its enable_thinking=False is
+    # commented out): each generation prompt opens <think>.
+    c.rollout.enable_thinking = True
     if targets:
         for key, value in TARGETS[targets[0]].items():
             section, field = key.split(".")

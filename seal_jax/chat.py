@@ -178,3 +178,15 @@ def chat_format(tokenizer: Any, name: str = "auto", **template_kwargs: Any) -> C
             **template_kwargs,
         )
     raise ValueError(f"chat format must be one of {', '.join(CHAT_FORMATS)}, got {name!r}")
+
+
+def run_chat_format(tokenizer: Any, config: Any) -> ChatFormat:
+    """The ChatFormat of a run: `config.model.chat_format`, its tool format unless
+    `config.model.tool_format` names another (e.g. the release prompts Qwen3.5 with Qwen's JSON
+    calls), and `config.rollout.enable_thinking` for every render."""
+    fmt = chat_format(
+        tokenizer, config.model.chat_format, enable_thinking=config.rollout.enable_thinking
+    )
+    if config.model.tool_format != "auto":
+        fmt.tool_format = config.model.tool_format
+    return fmt

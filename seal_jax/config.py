@@ -11,6 +11,7 @@ import jax.numpy as jnp
 
 from environments import diagnosis, episode, interface, rendering, rewards, sources
 from environments.bfcl import tasks as bfcl_tasks
+from environments.toolcall import TOOL_FORMATS
 from seal_jax import chat, optim, rl
 
 DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
@@ -40,6 +41,7 @@ def validate(c: Any) -> None:
         )
     _choice(c.model.attention, "model.attention", ("auto", "xla", "splash"))
     _choice(c.model.chat_format, "model.chat_format", chat.CHAT_FORMATS)
+    _choice(c.model.tool_format, "model.tool_format", ("auto", *TOOL_FORMATS))
     if c.model.scan_unroll < 1:
         raise ConfigError(f"--config.model.scan_unroll={c.model.scan_unroll}: use 1 or more")
     for axis in ("data", "fsdp", "tensor"):

@@ -112,7 +112,7 @@ def _warm_start(config: Any, path: str, out: str) -> None:
     """Fine-tunes the policy at path on oracle transcripts and saves it to out."""
     from environments.interface import COMPONENTS, LearningInterface
     from environments.sources import get_source
-    from seal_jax.chat import chat_format
+    from seal_jax.chat import run_chat_format
 
     model = load_policy(config, path)
     source = get_source(config.env.name, config.env.bfcl_split)
@@ -120,9 +120,7 @@ def _warm_start(config: Any, path: str, out: str) -> None:
     if config.sft.num_tasks:
         order = np.random.default_rng(config.seed).permutation(len(ids))
         ids = [ids[i] for i in sorted(order[: config.sft.num_tasks])]
-    chat = chat_format(
-        model.tokenizer(), config.model.chat_format, enable_thinking=config.rollout.enable_thinking
-    )
+    chat = run_chat_format(model.tokenizer(), config)
     if chat.tool_format == "toolace":  # the oracle (environments/policies.py) writes Qwen calls
         raise config_lib.ConfigError(
             f"--config.sft.steps={config.sft.steps}: the warm start's oracle writes Qwen tool "

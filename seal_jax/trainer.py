@@ -32,7 +32,7 @@ from environments.weighting import DiagnosisWeighting, weight_metrics
 from seal_jax import config as config_lib
 from seal_jax import distributed, episodes, evaluation, report, rl, rollout, weight_sync
 from seal_jax import update as update_lib
-from seal_jax.chat import ChatFormat, chat_format
+from seal_jax.chat import ChatFormat, run_chat_format
 from seal_jax.checkpointing import Checkpointer
 from seal_jax.metrics import MetricsWriter
 from seal_jax.models import LoadedModel
@@ -132,9 +132,7 @@ def _engine(
 
 def build(config: Any, model: LoadedModel, workdir: str) -> Run:
     """Tokenizer, task source, rollout engines and the compiled update."""
-    chat = chat_format(
-        model.tokenizer(), config.model.chat_format, enable_thinking=config.rollout.enable_thinking
-    )
+    chat = run_chat_format(model.tokenizer(), config)
     r = config.rollout
     sampling = SamplingParams("sample", r.temperature, r.top_k, r.top_p)
     greedy, eval_tokens = SamplingParams("greedy"), config.train.eval_max_new_tokens

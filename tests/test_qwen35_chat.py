@@ -563,3 +563,23 @@ def test_the_warm_start_oracle_writes_xml_calls_that_solve_the_task(tokenizer):
     assert "<function=cd>" in replies and '{"name"' not in replies
     (first,) = oracle_turns(task, "qwen_xml")[0][:1]
     assert replies.startswith(first + "<|im_end|>")
+
+
+def test_the_release_config_shows_json_calls_with_thinking_on(tokenizer):
+    """configs/qwen35.py as the release runs Qwen3.5: Qwen's JSON calls shown and parsed
+    (model.tool_format=qwen), generation prompts opening <think>; tool_format=auto gives the
+    template's XML calls; an unknown tool format is one configuration error."""
+    from configs import qwen35
+    from seal_jax import config as config_lib
+    from seal_jax.chat import run_chat_format
+
+    config = qwen35.get_config()
+    fmt = run_chat_format(tokenizer, config)
+    assert fmt.tool_format == "qwen"
+    prompt = tokenizer.decode(fmt.prompt_ids([{"role": "user", "content": "hi"}]))
+    assert prompt.endswith("<|im_start|>assistant\n<think>\n")
+    config.model.tool_format = "auto"
+    assert run_chat_format(tokenizer, config).tool_format == "qwen_xml"
+    config.model.tool_format = "hermes"
+    with pytest.raises(config_lib.ConfigError, match="model.tool_format"):
+        config_lib.validate(config)
