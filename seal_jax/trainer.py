@@ -221,6 +221,12 @@ def _step_metrics(
     return {
         "rollout": rollout_metrics,
         "weights": weight_metrics(weights),
+        # Per trajectory, for analyses across runs (benchmarks/seal_vs_baselines.py).
+        "trajectories": {
+            "category": [r.category for r in batch.results],
+            "tags": [list(r.turn_tags) for r in batch.results],
+            "weight": np.asarray(weights, float).tolist(),
+        },
         "utilities": state.weighting.metrics(),
         "interface": {**state.interface.log_record(), **state.interface.metrics()},
         "zero_adv_group_fraction": float(rl.zero_advantage_group_fraction(rewards, group_ids)),

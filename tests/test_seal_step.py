@@ -122,6 +122,8 @@ def test_one_step_weights_advantages_and_update_rows(run, monkeypatch):
     assert state.weighting.utilities == pytest.approx(expected_rho, abs=1e-12)
     weights = np.asarray([reference_weight(tags, expected_rho) for tags in TAGS])
     np.testing.assert_allclose(metrics["weights"]["weight_mean"], weights.mean(), rtol=1e-6)
+    np.testing.assert_allclose(metrics["trajectories"]["weight"], weights, rtol=1e-6)
+    assert metrics["trajectories"]["tags"] == [list(tags) for tags in TAGS]
     assert state.interface.state.step == 1
     # Advantages: GRPO per task, times the weights; group 1 (no success) has none.
     advantages = grpo_reference(rewards, cfg.rl.group_size, cfg.rl.adv_eps) * weights
