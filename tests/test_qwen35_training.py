@@ -18,7 +18,7 @@ import pytest
 from seal_jax.metrics import read_jsonl
 from seal_jax.models import load_hf_checkpoint, token_logprobs
 from tests import hf_models
-from tests.devices import REPO
+from tests.devices import REPO, in_background, selected
 from tests.test_trainer import _checkpoint, _flatten
 
 # Two groups of three rows; the prompts (less their last id, which starts every row) are 8 and 4
@@ -208,12 +208,35 @@ def _run_py(model, workdir, *extra):
     return proc.stderr
 
 
-def test_run_py_trains_evaluates_and_exports_qwen35(suite_qwen35, tmp_path):
+def _end_to_end(model, workdir):
+    """Two training steps in workdir, then --mode=eval and --mode=export; returns the training
+    run's log."""
+    log = _run_py(model, workdir, "--config.train.max_steps=2")
+    _run_py(model, workdir, "--mode=eval", "--config.train.eval_limit=4")
+    _run_py(model, workdir, "--mode=export")
+    return log
+
+
+@pytest.fixture(scope="module", autouse=True)
+def end_to_end(request, tmp_path_factory):
+    """(work directory, future of `_end_to_end`): started in the background (tests.devices)
+    when the module's first test runs, beside the in-process parity tests, when the test that
+    reads it is selected."""
+    if not selected(request, test_run_py_trains_evaluates_and_exports_qwen35):
+        yield None
+        return
+    workdir = tmp_path_factory.mktemp("qwen35_run") / "wd"
+    job = in_background(_end_to_end, request.getfixturevalue("suite_qwen35"), workdir)
+    yield workdir, job
+    job.cancel()
+
+
+def test_run_py_trains_evaluates_and_exports_qwen35(end_to_end):
     """Two training steps with shared prompts (the default), then --mode=eval of the trained
     policy and --mode=export. The training pass's log-probs of the sampled tokens, recomputed on
     the shared prompts' states, agree with the rollout engine's (its cache) within 1e-4."""
-    workdir = tmp_path / "wd"
-    log = _run_py(suite_qwen35, workdir, "--config.train.max_steps=2")
+    workdir, job = end_to_end
+    log = job.result()
     assert "share_prompt is off" not in log
     metrics = read_jsonl(str(workdir / "metrics.jsonl"))
     assert [m["step"] for m in metrics] == [1, 2]
@@ -221,11 +244,9 @@ def test_run_py_trains_evaluates_and_exports_qwen35(suite_qwen35, tmp_path):
         assert m["rollout"]["tokens_generated"] > 0 and m["loss"]["loss_tokens"] > 0
         assert m["logprob_gap_sampler_vs_recomputed"] < 1e-4
 
-    _run_py(suite_qwen35, workdir, "--mode=eval", "--config.train.eval_limit=4")
     report = json.loads((workdir / "eval_step2.json").read_text())
     assert report["num_tasks"] == 4
 
-    _run_py(suite_qwen35, workdir, "--mode=export")
     exported = load_hf_checkpoint(str(workdir / "export"))
     trained, _, _ = _checkpoint(workdir, 2)
     for path, value in _flatten(exported.params):

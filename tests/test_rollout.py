@@ -10,7 +10,7 @@ from seal_jax.models import forward_logits, init_cache, load_hf_checkpoint
 from seal_jax.rollout import CONTEXT_LIMIT, MAX_NEW_TOKENS, STOP, EngineConfig, RolloutEngine
 from seal_jax.sampler import SamplingParams, filtered_logits
 from tests import hf_models
-from tests.devices import run_with_devices
+from tests.devices import in_background, run_with_devices, selected
 
 PROMPT_LENGTHS = (5, 11, 3)
 
@@ -245,11 +245,23 @@ print(json.dumps({"same": same, "spec": spec, "rows": one}))
 """
 
 
-def test_eight_devices_give_the_same_greedy_tokens(tiny_checkpoints):
+@pytest.fixture(scope="module", autouse=True)
+def sharded_run(request):
+    """SHARDED, started in the background (tests.devices) when the module's first test runs,
+    beside the in-process tests, when the test that reads it is selected."""
+    if not selected(request, test_eight_devices_give_the_same_greedy_tokens):
+        yield None
+        return
+    path, _ = request.getfixturevalue("tiny_checkpoints")["qwen3"]
+    job = in_background(run_with_devices, f"import sys; sys.argv = ['x', {path!r}]\n" + SHARDED)
+    yield job
+    job.cancel()
+
+
+def test_eight_devices_give_the_same_greedy_tokens(sharded_run):
     """One device and 8 (4 batch shards x 2 tensor), lockstep and continuous batching (4 slots):
     the same tokens."""
-    path, _ = tiny_checkpoints["qwen3"]
-    out = run_with_devices(f"import sys; sys.argv = ['x', {path!r}]\n" + SHARDED)
+    out = sharded_run.result()
     result = __import__("json").loads(out.strip().splitlines()[-1])
     assert result["spec"] == [[None, ["data", "fsdp"], "tensor", None, None], 8]
     assert result["same"], result["rows"]
