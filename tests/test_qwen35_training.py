@@ -19,7 +19,7 @@ from seal_jax.metrics import read_jsonl
 from seal_jax.models import load_hf_checkpoint, token_logprobs
 from tests import hf_models
 from tests.devices import REPO, in_background, selected
-from tests.test_trainer import _checkpoint, _flatten
+from tests.test_trainer import SUITE_ARGS, _checkpoint, _flatten
 
 # Two groups of three rows; the prompts (less their last id, which starts every row) are 8 and 4
 # ids, the rows' continuations 2 to 12 ids. Linear attention in chunks of 4: the prompt pass and
@@ -152,24 +152,17 @@ def test_shared_prompt_bfloat16_close_to_whole_rows(model):
     assert all(s <= 2 * w for s, w in zip(shared_error, whole_error)), (shared_error, whole_error)
 
 
-# run.py on the suite with a tiny Qwen3.5: test_trainer.py's arguments with the interface fixed
-# (each step's prompts, hence its programs, the same) and rollout batches of at least 4 rows and
+# run.py on the suite with a tiny Qwen3.5: test_trainer.py's arguments without its adaptive
+# interface and cause utilities (each step's prompts, hence its programs, the same) and rollout batches of at least 4 rows and
 # prefill pieces of at least 64 positions (fewer compiled programs).
 RUN_ARGS = [
-    "--config=configs/tiny_test.py",
-    "--config.env.name=suite",
-    "--config.train.batch_tasks=2",
-    "--config.rl.group_size=2",
-    "--config.train.mini_batch_tasks=1",
-    "--config.rollout.max_new_tokens=12",
-    "--config.train.eval_max_new_tokens=12",
-    "--config.rollout.context_limit=1024",
+    *(
+        arg
+        for arg in SUITE_ARGS
+        if not arg.startswith(("--config.interface.", "--config.weighting."))
+    ),
     "--config.rollout.min_batch=4",
     "--config.rollout.min_prefill_width=64",
-    "--config.model.logprob_chunk=64",
-    "--config.train.length_bucket=256",
-    "--config.train.eval_every=0",
-    "--config.env.num_workers=1",
 ]
 
 
