@@ -33,13 +33,25 @@ RELEASE_MODEL = "Qwen/Qwen3.5-4B"  # exp/SEAL.yaml: actor_rollout_ref.model.path
 # rollout.sampler_tensor chips of one host (Qwen3.5-4B's 4 KV heads split over a group of 4; its
 # linear-attention weights and recurrent states are whole on every chip of a group). No v5e
 # target: the update's temporaries for one 16k row (the layer group's backward holds three
-# linear layers' chunked delta rules) are 18.7 GiB per chip, beyond a v5e chip's 15.75.
+# linear layers' chunked delta rules) are 18.7 GiB per chip, beyond a v5e chip's 15.75. On v4-8,
+# as for Qwen2.5-7B, Adam's moments and the reference wait in host memory.
 TARGETS = {
     "4b-v5p-8": {
         "aot.topology": "v5p:2x2x1",
         "rollout.micro_batch_tasks": 2,
         "rollout.sampler_tensor": 4,
         "optim.grad_accum": 16,
+    },
+    "4b-v4-8": {
+        "aot.topology": "v4:2x2x1",
+        "rollout.micro_batch_tasks": 1,
+        "rollout.sampler_tensor": 4,
+        "optim.grad_accum": 16,
+        "optim.mu_dtype": "bfloat16",
+        "optim.moments_on_host": True,
+        "rl.reference_on_host": True,
+        "model.attn_chunk": 256,
+        "model.mlp_chunk": 4096,
     },
     "4b-v6e-8": {
         "aot.topology": "v6e:2x4",
