@@ -4,7 +4,6 @@ compilation cache for the run.py processes the tests start."""
 from __future__ import annotations
 
 import os
-import shutil
 
 import pytest
 
@@ -35,14 +34,7 @@ def tiny_checkpoints(tmp_path_factory):
 @pytest.fixture(scope="session")
 def suite_model(tmp_path_factory):
     """A tiny random Qwen2 checkpoint with the suite's tokenizer (vocabulary and chat format)."""
-    from transformers import AutoTokenizer
-
-    from environments.suite.tokenizer import TOKENIZER_DIR
-
     path = str(tmp_path_factory.mktemp("suite_model"))
-    tok = AutoTokenizer.from_pretrained(TOKENIZER_DIR, local_files_only=True)
-    eos = tok.convert_tokens_to_ids("<|im_end|>")
-    hf_models.build_tiny_checkpoint(path, "qwen2_tied", vocab_size=len(tok), eos_token_id=eos)
-    for f in os.listdir(TOKENIZER_DIR):
-        shutil.copy(os.path.join(TOKENIZER_DIR, f), path)
-    return path
+    return hf_models.with_suite_tokenizer(
+        path, lambda p, **kw: hf_models.build_tiny_checkpoint(p, "qwen2_tied", **kw)
+    )

@@ -4,6 +4,7 @@ reference)."""
 from __future__ import annotations
 
 import os
+import shutil
 
 import numpy as np
 
@@ -239,3 +240,17 @@ def build_tiny_qwen35(path: str, variant: str, seed: int = 0, vision: bool = Fal
     full.lm_head.load_state_dict(model.lm_head.state_dict())
     full.save_pretrained(path)
     return model
+
+
+def with_suite_tokenizer(path: str, build) -> str:
+    """Builds a tiny random checkpoint at `path` with `build(path, vocab_size=, eos_token_id=)`
+    for the suite's tokenizer (its vocabulary, <|im_end|> as EOS) and copies the tokenizer in."""
+    from transformers import AutoTokenizer
+
+    from environments.suite.tokenizer import TOKENIZER_DIR
+
+    tok = AutoTokenizer.from_pretrained(TOKENIZER_DIR, local_files_only=True)
+    build(path, vocab_size=len(tok), eos_token_id=tok.convert_tokens_to_ids("<|im_end|>"))
+    for f in os.listdir(TOKENIZER_DIR):
+        shutil.copy(os.path.join(TOKENIZER_DIR, f), path)
+    return path

@@ -6,7 +6,6 @@ import dataclasses
 import functools
 import json
 import os
-import shutil
 import subprocess
 import sys
 
@@ -19,7 +18,7 @@ from seal_jax.metrics import read_jsonl
 from seal_jax.models import load_hf_checkpoint, token_logprobs
 from tests import hf_models
 from tests.devices import REPO, in_background, selected
-from tests.test_trainer import SUITE_ARGS, _checkpoint, _flatten
+from tests.test_trainer import SUITE_ARGS, _assert_export_is_checkpoint
 
 # Two groups of three rows; the prompts (less their last id, which starts every row) are 8 and 4
 # ids, the rows' continuations 2 to 12 ids. Linear attention in chunks of 4: the prompt pass and
@@ -153,8 +152,8 @@ def test_shared_prompt_bfloat16_close_to_whole_rows(model):
 
 
 # run.py on the suite with a tiny Qwen3.5: test_trainer.py's arguments without its adaptive
-# interface and cause utilities (each step's prompts, hence its programs, the same) and rollout batches of at least 4 rows and
-# prefill pieces of at least 64 positions (fewer compiled programs).
+# interface and cause utilities (each step's prompts, hence its programs, the same) and rollout
+# batches of at least 4 rows and prefill pieces of at least 64 positions (fewer programs).
 RUN_ARGS = [
     *(
         arg
@@ -170,19 +169,10 @@ RUN_ARGS = [
 def suite_qwen35(tmp_path_factory):
     """A tiny random Qwen3.5 (mixed layers) with the suite's tokenizer, as conftest's
     suite_model: the vocabulary's size and <|im_end|> as EOS."""
-    from transformers import AutoTokenizer
-
-    from environments.suite.tokenizer import TOKENIZER_DIR
-
     path = str(tmp_path_factory.mktemp("suite_qwen35"))
-    tok = AutoTokenizer.from_pretrained(TOKENIZER_DIR, local_files_only=True)
-    eos = tok.convert_tokens_to_ids("<|im_end|>")
-    hf_models.build_tiny_qwen35(path, "qwen35_mixed", vocab_size=len(tok), eos_token_id=eos)
-    for f in os.listdir(TOKENIZER_DIR):
-        shutil.copy(os.path.join(TOKENIZER_DIR, f), path)
-    with open(os.path.join(path, "config.json")) as f:
-        assert json.load(f)["eos_token_id"] == eos
-    return path
+    return hf_models.with_suite_tokenizer(
+        path, lambda p, **kw: hf_models.build_tiny_qwen35(p, "qwen35_mixed", **kw)
+    )
 
 
 def _run_py(model, workdir, *extra):
@@ -240,9 +230,4 @@ def test_run_py_trains_evaluates_and_exports_qwen35(end_to_end):
     report = json.loads((workdir / "eval_step2.json").read_text())
     assert report["num_tasks"] == 4
 
-    exported = load_hf_checkpoint(str(workdir / "export"))
-    trained, _, _ = _checkpoint(workdir, 2)
-    for path, value in _flatten(exported.params):
-        np.testing.assert_allclose(
-            np.asarray(value), trained[path], rtol=0, atol=1e-2, err_msg=path
-        )  # exported as bfloat16
+    _assert_export_is_checkpoint(workdir, 2)

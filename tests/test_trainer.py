@@ -177,6 +177,16 @@ def qwen3_model(tmp_path_factory):
     return path
 
 
+def _assert_export_is_checkpoint(workdir, step):
+    """The work directory's export/ holds checkpoint `step`'s parameters (exported as bfloat16)."""
+    exported = load_hf_checkpoint(str(workdir / "export"))
+    trained, _, _ = _checkpoint(workdir, step)
+    for path, value in _flatten(exported.params):
+        np.testing.assert_allclose(
+            np.asarray(value), trained[path], rtol=0, atol=1e-2, err_msg=path
+        )
+
+
 def test_eval_and_export_modes(suite_model, two_steps, tmp_path):
     env = _env()
     limit = ["--config.train.eval_limit=8", "--config.train.eval_batch_tasks=8"]
@@ -190,12 +200,7 @@ def test_eval_and_export_modes(suite_model, two_steps, tmp_path):
     workdir = tmp_path / "trained"
     shutil.copytree(two_steps, workdir)
     _run(_command(suite_model, workdir, "--mode=export"), env)
-    exported = load_hf_checkpoint(str(workdir / "export"))
-    trained, _, _ = _checkpoint(workdir, 2)
-    for path, value in _flatten(exported.params):
-        np.testing.assert_allclose(
-            np.asarray(value), trained[path], rtol=0, atol=1e-2, err_msg=path
-        )  # exported as bfloat16
+    _assert_export_is_checkpoint(workdir, 2)
     assert os.path.isfile(workdir / "export" / "tokenizer.json")
     _run(_command(suite_model, workdir, "--mode=eval", *limit), env)
     assert json.loads((workdir / "eval_step2.json").read_text())["num_tasks"] == 8
