@@ -36,23 +36,9 @@ RELEASE_MODEL = "Qwen/Qwen3.5-4B"  # exp/SEAL.yaml: actor_rollout_ref.model.path
 # linear layers' chunked delta rules) are 18.7 GiB per chip, beyond a v5e chip's 15.75. On v4-8,
 # as for Qwen2.5-7B, Adam's moments and the reference wait in host memory.
 TARGETS = {
-    "4b-v5p-8": {
-        "aot.topology": "v5p:2x2x1",
-        "rollout.micro_batch_tasks": 2,
-        "rollout.sampler_tensor": 4,
-        "optim.grad_accum": 16,
-    },
-    "4b-v4-8": {
-        "aot.topology": "v4:2x2x1",
-        "rollout.micro_batch_tasks": 1,
-        "rollout.sampler_tensor": 4,
-        "optim.grad_accum": 16,
-        "optim.mu_dtype": "bfloat16",
-        "optim.moments_on_host": True,
-        "rl.reference_on_host": True,
-        "model.attn_chunk": 256,
-        "model.mlp_chunk": 4096,
-    },
+    # The same splits as Qwen2.5-7B's targets on these chips.
+    "4b-v5p-8": dict(qwen.TARGETS["7b-v5p-8"]),
+    "4b-v4-8": dict(qwen.TARGETS["7b-v4-8"]),
     "4b-v6e-8": {
         "aot.topology": "v6e:2x4",
         "rollout.micro_batch_tasks": 1,
