@@ -167,16 +167,22 @@ def _lower_slot_programs(
     engine: Any, variant: Any, params: Any, cache: Any, logits: Any
 ) -> dict[str, tuple[Any, tuple]]:
     """Continuous batching's programs on some rows of the slots' cache (`seal_jax.continuous`):
-    a prefill of half the slots (at most that many per call) and a row copy."""
+    a prefill and a decode of half the slots (at most that many per call) and a row copy."""
     slots = cache["mask"].shape[0]
     rows = engine.batch_bucket(max(slots // 2, engine.batch_shards))
     index = jax.ShapeDtypeStruct((rows,), jnp.int32)
     ids = engine.abstract_rows((rows, engine.config.prefill_chunk), jnp.int32)
     lengths = engine.abstract_rows((rows,), jnp.int32)
+    keys = jax.eval_shape(lambda: jax.random.split(jax.random.key(0), rows))
+    keys = engine.abstract_rows(keys.shape, keys.dtype)
+    stop_ids = engine.abstract_rows((rows, 4), jnp.int32)
+    floor = jax.ShapeDtypeStruct((), jnp.int32)
     prefill = (params, cache, logits, index, ids, lengths)
+    decode = (params, cache, logits, index, keys, lengths, stop_ids, floor)  # budget: lengths'
     copy = (cache, index, index)
     return {
         "rollout_prefill_rows": (engine.program("prefill_rows", variant).lower(*prefill), prefill),
+        "rollout_decode_rows": (engine.program("decode_rows", variant).lower(*decode), decode),
         "rollout_copy_rows": (engine.program("copy_rows", None).lower(*copy), copy),
     }
 
@@ -489,6 +495,7 @@ def check(
         "rollout_prefill": rollout_beside,
         "rollout_decode": rollout_beside,
         "rollout_prefill_rows": rollout_beside,
+        "rollout_decode_rows": rollout_beside,
         "rollout_copy_rows": rollout_beside,
     }
     programs, tpu, gathers = [], devices[0].platform == "tpu", {}

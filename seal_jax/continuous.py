@@ -22,9 +22,12 @@ One `step` is a scheduling round:
      a reply's last sampled token) are prefilled for those rows only (`prefill_rows`), rows
      grouped by piece width, so a long observation pads no other row, and at most half the
      slots per call (the program copies the rows it prefills).
-  4. One decode segment runs over all slots (`decode_segment`; slots without a turn are idle).
-     It ends as soon as `refill` rows have finished their turn (or all, if fewer decode), so
-     their replies reach the environment while the other rows' turns go on in the next round.
+  4. One decode segment runs over the slots of those rows only (`decode_rows`), or over all
+     slots when they are more than half (slots without a turn are idle). It ends as soon as
+     `refill` rows have finished their turn (or all, if fewer decode), so their replies reach
+     the environment while the other rows' turns go on in the next round.
+The programs over some slots pad their rows to a power of two from 1, not `min_batch`: a
+padded row there costs a whole piece or segment of work, more than compiling one more shape.
 Rows whose turn ended come back from `step`; the others go on in the next round.
 
 Results do not depend on scheduling: a row's token at position p is drawn with
@@ -319,7 +322,7 @@ class ContinuousRollout:
     def _prefill_piece(self, pieces: dict[int, list[int]], width: int) -> None:
         """One `prefill_rows` call: ids {slot: at most `width` ids}, right-padded."""
         eng = self.engine
-        n = eng.batch_bucket(len(pieces))
+        n = eng.batch_bucket(len(pieces), fewest=1)
         slots = np.full(n, self.slots, np.int32)  # padding: out of range
         slots[: len(pieces)] = list(pieces)
         ids = np.zeros((n, width), np.int32)
@@ -338,37 +341,51 @@ class ContinuousRollout:
         )
 
     def _decode(self, ready: list[int]) -> dict[int, Turn]:
-        """One decode segment over all slots; records the sampled ids, returns ended turns."""
+        """One decode segment over the slots of the `ready` rows, or over all slots when those
+        are more than half (`decode_rows` holds a copy of the rows it decodes); records the
+        sampled ids, returns ended turns."""
         eng = self.engine
-        eps = [self._episodes[r] if r in ready else None for r in self._holder]
+        held = [s for s, r in enumerate(self._holder) if r in ready]
+        n = eng.batch_bucket(len(held), fewest=1)
+        rows = held + [self.slots] * (n - len(held)) if 2 * n <= self.slots else range(self.slots)
+        eps = [self._episodes[self._holder[s]] if s in held else None for s in rows]
         width = rollout_lib._pow2_at_least(max(len(ep.row.stop_ids) for ep in eps if ep), 4)
-        stop = np.full((self.slots, width), -1, np.int32)
-        budget = np.zeros(self.slots, np.int32)
-        keys = np.zeros((self.slots, 2), np.uint32)
-        for s, ep in enumerate(eps):
+        stop = np.full((len(eps), width), -1, np.int32)
+        budget = np.zeros(len(eps), np.int32)
+        keys = np.zeros((len(eps), 2), np.uint32)
+        for i, ep in enumerate(eps):
             if ep:
-                stop[s, : len(ep.row.stop_ids)] = ep.row.stop_ids
-                budget[s], keys[s] = ep.end - len(ep.row.tokens), ep.key
+                stop[i, : len(ep.row.stop_ids)] = ep.row.stop_ids
+                budget[i], keys[i] = ep.end - len(ep.row.tokens), ep.key
         floor = max(len(ready) - self.refill, 0)  # end once `refill` turns are over
-        self._cache, out = eng.call(
-            "decode",
-            self._layout,
-            self.params,
-            self._cache,
-            self._logits,
+        per_row = (
             eng.put_rows(jax.random.wrap_key_data(keys)),
             eng.put_rows(budget),
             eng.put_rows(stop),
             np.int32(floor),
         )
+        if len(eps) < self.slots:
+            self._cache, out = eng.call(
+                "decode_rows",
+                self._layout,
+                self.params,
+                self._cache,
+                self._logits,
+                np.asarray(rows, np.int32),
+                *per_row,
+            )
+        else:
+            self._cache, out = eng.call(
+                "decode", self._layout, self.params, self._cache, self._logits, *per_row
+            )
         out = jax.device_get(out)
         ended = {}
-        for s, ep in enumerate(eps):
+        for i, (s, ep) in enumerate(zip(rows, eps)):
             if not ep:
                 continue
-            n = int(out["count"][s])
-            lps = (out[k][s, :n] for k in ("sampling_logprobs", "policy_logprobs"))
-            ep.row.append(out["ids"][s, :n], True, *lps)
+            n = int(out["count"][i])
+            lps = (out[k][i, :n] for k in ("sampling_logprobs", "policy_logprobs"))
+            ep.row.append(out["ids"][i, :n], True, *lps)
             ep.row.cached = len(ep.row.tokens) - 1  # the last sampled token is pending
             reason = self._turn_over(ep)
             if reason:

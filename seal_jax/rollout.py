@@ -16,7 +16,8 @@ with `seal_jax.chat.ChatFormat`); the finished sequence of a row is exactly prom
 
 This is the lockstep schedule: every live row takes its turn together. The same device programs
 also serve continuous batching (`seal_jax.continuous`: rows stream through a fixed number of
-slots; `prefill_rows` and `copy_rows` work on some rows of its cache), with the same tokens.
+slots; `prefill_rows`, `decode_rows` and `copy_rows` work on some rows of its cache), with the
+same tokens.
 
 Device side: pure functions (`new_cache`, `prefill`, `decode_segment`, `relayout_cache`), jitted
 by the engine with explicit shardings, one compiled program per bucket shape, counted and logged:
@@ -88,7 +89,8 @@ class EngineConfig:
         dropped from the batch between segments when that halves it.
       min_cache_len: fewest cache slots (rounded up to a bucket, see `RolloutEngine.cache_len`).
       min_batch: fewest rows per compiled batch (a power of two). Smaller batches are padded up:
-        a few idle rows cost less than compiling programs for batches of 1, 2, 4...
+        a few idle rows cost less than compiling programs for batches of 1, 2, 4... (Continuous
+        batching's programs over some slots do not pad to it; `seal_jax.continuous`.)
       min_prefill_width: narrowest prefill piece (a power of two), for the same reason.
       cache_dtype: dtype of cached keys and values (default: the compute dtype).
     """
@@ -181,8 +183,16 @@ def _pow2_at_least(n: int, minimum: int = 1) -> int:
 
 # ---- device programs: pure functions of their arguments, static settings keyword-only ---------
 
-PROGRAMS = ("new_cache", "prefill", "decode", "relayout", "prefill_rows", "copy_rows")
-PARAMS_FIRST = ("prefill", "decode", "prefill_rows")
+PROGRAMS = (
+    "new_cache",
+    "prefill",
+    "decode",
+    "relayout",
+    "prefill_rows",
+    "copy_rows",
+    "decode_rows",
+)
+PARAMS_FIRST = ("prefill", "decode", "prefill_rows", "decode_rows")
 
 
 def new_cache(batch: int, length: int, *, cfg: QwenConfig | Qwen35Config, dtype: Any) -> Cache:
@@ -309,6 +319,17 @@ def _rows_at(name: str) -> tuple:
     return (slice(None),) * CACHE_AXES_35[name][0]
 
 
+def _take_rows(cache: Cache, logits: jax.Array, slots: jax.Array) -> tuple[Cache, jax.Array]:
+    """Cache rows `slots` [K] and their next-token logits (an out-of-range slot: any row)."""
+    sub = {n: jnp.take(x, slots, axis=CACHE_AXES_35[n][0], mode="clip") for n, x in cache.items()}
+    return sub, jnp.take(logits, slots, axis=0, mode="clip")
+
+
+def _put_rows(cache: Cache, slots: jax.Array, sub: Cache) -> Cache:
+    """The cache with rows `slots` [K] set to `sub`'s (an out-of-range slot writes nothing)."""
+    return {n: x.at[(*_rows_at(n), slots)].set(sub[n], mode="drop") for n, x in cache.items()}
+
+
 def prefill_rows(
     params: Any,
     cache: Cache,
@@ -323,13 +344,30 @@ def prefill_rows(
     """`prefill` of right-padded ids [K, T] (lengths [K]) into the cache rows `slots` [K] of a
     cache of S rows, and those rows' next-token logits into `logits` [S, V]; slot S (out of
     range) marks padding, which is neither read nor written. Cost: K rows, not S."""
-    sub = {n: jnp.take(x, slots, axis=CACHE_AXES_35[n][0], mode="clip") for n, x in cache.items()}
-    sub_logits = jnp.take(logits, slots, axis=0, mode="clip")
+    sub, sub_logits = _take_rows(cache, logits, slots)
     sub, sub_logits = prefill(
         params, sub, sub_logits, ids, lengths, cfg=cfg, compute_dtype=compute_dtype
     )
-    cache = {n: x.at[(*_rows_at(n), slots)].set(sub[n], mode="drop") for n, x in cache.items()}
-    return cache, logits.at[slots].set(sub_logits, mode="drop")
+    return _put_rows(cache, slots, sub), logits.at[slots].set(sub_logits, mode="drop")
+
+
+def decode_rows(
+    params: Any,
+    cache: Cache,
+    logits: jax.Array,
+    slots: jax.Array,
+    keys: jax.Array,
+    budget: jax.Array,
+    stop_ids: jax.Array,
+    floor: jax.Array,
+    **settings: Any,
+) -> tuple[Cache, dict[str, jax.Array]]:
+    """`decode_segment` over the cache rows `slots` [K] of a cache of S rows only; keys, budget
+    and stop_ids are those K rows', and so are the outputs. Slot S (out of range) marks
+    padding: give it budget 0, it is not written. Cost: K rows, not S."""
+    sub, sub_logits = _take_rows(cache, logits, slots)
+    sub, out = decode_segment(params, sub, sub_logits, keys, budget, stop_ids, floor, **settings)
+    return _put_rows(cache, slots, sub), out
 
 
 def copy_rows(cache: Cache, src: jax.Array, dst: jax.Array) -> Cache:
@@ -505,9 +543,10 @@ class RolloutEngine:
             size = size * 3 // 4
         return min(size, self.config.context_limit)
 
-    def batch_bucket(self, rows: int) -> int:
-        """Batch bucket for `rows` rows: a power of two, a multiple of the batch shards."""
-        bucket = _pow2_at_least(rows, self.config.min_batch)
+    def batch_bucket(self, rows: int, fewest: int | None = None) -> int:
+        """Batch bucket for `rows` rows: a power of two of at least `fewest` (default
+        `min_batch`), a multiple of the batch shards."""
+        bucket = _pow2_at_least(rows, self.config.min_batch if fewest is None else fewest)
         return -(-bucket // self.batch_shards) * self.batch_shards
 
     @property
@@ -557,22 +596,21 @@ class RolloutEngine:
                 out_shardings=(cache, rows_2d),
                 donate_argnums=(1, 2),
             )
-        decode = functools.partial(
-            decode_segment, **model, sampling=self.config.sampling, segment_len=self.segment_len
-        )
+        settings = {**model, "sampling": self.config.sampling, "segment_len": self.segment_len}
         out = {"ids": rows_2d, "sampling_logprobs": rows_2d, "policy_logprobs": rows_2d}
+        out = (cache, {**out, "count": rows_1d})
+        scalar = NamedSharding(self.mesh, P())
+        if name == "decode_rows":
+            return jax.jit(
+                functools.partial(decode_rows, **settings),
+                in_shardings=(params, cache, rows_2d, scalar, rows_1d, rows_1d, rows_2d, scalar),
+                out_shardings=out,
+                donate_argnums=(1,),
+            )
         return jax.jit(
-            decode,
-            in_shardings=(
-                params,
-                cache,
-                rows_2d,
-                rows_1d,
-                rows_1d,
-                rows_2d,
-                NamedSharding(self.mesh, P()),
-            ),
-            out_shardings=(cache, {**out, "count": rows_1d}),
+            functools.partial(decode_segment, **settings),
+            in_shardings=(params, cache, rows_2d, rows_1d, rows_1d, rows_2d, scalar),
+            out_shardings=out,
             donate_argnums=(1,),
         )
 

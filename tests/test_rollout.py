@@ -217,11 +217,11 @@ def run(mesh):
     rollout.generate({r: [8, 8] for r in range(0, 9, 4)})
     k = rollout._parts[0][0]["k"]  # the live cache after the last turn
     layout = [list(a) if isinstance(a, tuple) else a for a in k.sharding.spec]
-    # The same episodes streamed through 4 slots (continuous batching), with floors that keep
-    # its compiled programs few.
+    # The same episodes streamed through 8 slots (continuous batching; a segment of at most 4
+    # rows decodes those rows only), with floors that keep its compiled programs few.
     floors = dict(min_batch=4, min_prefill_width=8, min_cache_len=64)
     eng = RolloutEngine(model.config, mesh, dataclasses.replace(cfg, **floors))
-    stream = ContinuousRollout(eng, model.params, slots=4, seed=0)
+    stream = ContinuousRollout(eng, model.params, slots=8, seed=0)
     for p, prompt in enumerate(prompts):
         rows = range(3 * p, 3 * p + 3)
         stream.add(prompt, rows, max_new_tokens={r: 6 - 4 * (r % 2 == 0) for r in rows})
@@ -237,11 +237,11 @@ def run(mesh):
                 stream.finish(r)
     streamed = [s.token_ids.tolist() for _, s in sorted(stream.sequences().items())]
     rows = [s.token_ids.tolist() for s in rollout.sequences()]
-    return rows, (layout, len(k.devices())), streamed == rows
-one, _, streamed_one = run(single_device_mesh())
-eight, spec, streamed_eight = run(make_mesh(data=4, fsdp=1, tensor=2))
+    return rows, (layout, len(k.devices())), streamed == rows, eng.compile_counts()["decode_rows"]
+one, _, streamed_one, _ = run(single_device_mesh())
+eight, spec, streamed_eight, decode_rows = run(make_mesh(data=4, fsdp=1, tensor=2))
 same = one == eight and streamed_one and streamed_eight
-print(json.dumps({"same": same, "spec": spec, "rows": one}))
+print(json.dumps({"same": same, "spec": spec, "rows": one, "decode_rows": decode_rows}))
 """
 
 
@@ -259,12 +259,13 @@ def sharded_run(request):
 
 
 def test_eight_devices_give_the_same_greedy_tokens(sharded_run):
-    """One device and 8 (4 batch shards x 2 tensor), lockstep and continuous batching (4 slots):
+    """One device and 8 (4 batch shards x 2 tensor), lockstep and continuous batching (8 slots):
     the same tokens."""
     out = sharded_run.result()
     result = __import__("json").loads(out.strip().splitlines()[-1])
     assert result["spec"] == [[None, ["data", "fsdp"], "tensor", None, None], 8]
     assert result["same"], result["rows"]
+    assert result["decode_rows"] > 0  # some segments decoded only their rows, over 4 shards
     assert [len(r) for r in result["rows"]][:3] == [5 + 2 + 1 + 6 + 2 + 6, 5 + 6, 5 + 2 + 3 + 6]
 
 
