@@ -17,11 +17,12 @@ percentile bootstrap over seeds, BOOTSTRAP_RESAMPLES resamples, RNG seed BOOTSTR
 
 Runs are resumable across sessions: a finished run (two evaluations in metrics.jsonl and the
 `wall_s` marker written when run.py exits cleanly) is kept (`--rerun` runs it again), an
-unfinished one starts again. Per seed the scratch policy and warm start are built once, by an arm
-without flags of its own (those run first), and copied into every other arm's directory, so all
-arms of a seed start RL from the same policy; `--warm_starts_from` takes them from an earlier
-comparison's run directory instead. `--report_only` runs nothing and reports the finished runs
-found (n per arm shown), so a partial study can be reported mid-way.
+unfinished one starts again. Per seed the scratch policy and warm start are built once, by the arm
+whose training shows the most interface components (it runs first; `warm_start_order`), and
+copied into every other arm's directory, so all arms of a seed start RL from the same policy;
+`--warm_starts_from` takes them from an earlier comparison's run directory instead.
+`--report_only` runs nothing and reports the finished runs found (n per arm shown), so a partial
+study can be reported mid-way.
 
 Writes into --out_dir:
 * `results.md`: per arm the mean final success (official and strict) per category; per arm the
@@ -34,6 +35,7 @@ Writes into --out_dir:
 from __future__ import annotations
 
 import hashlib
+import importlib
 import json
 import math
 import os
@@ -162,9 +164,8 @@ def earlier_warm_start(seed: int) -> str:
 
 
 def shared_source(root: str, seed: int) -> str | None:
-    """Where seed `seed`'s warm start comes from: --warm_starts_from, else the first arm, cued
-    arms first, that built one. A cued arm's warm start trains on the plain and the cued view,
-    so every arm of the seed starts RL from a policy that has seen the prompts it will meet."""
+    """Where seed `seed`'s warm start comes from: --warm_starts_from, else the first arm in
+    `warm_start_order` that built one."""
     if FLAGS.warm_starts_from:
         return earlier_warm_start(seed)
     for arm in warm_start_order(ARMS):
@@ -174,10 +175,29 @@ def shared_source(root: str, seed: int) -> str | None:
     return None
 
 
+def shown_components(arm: str) -> list[str]:
+    """The interface components an arm's training can show (not "off"), from its config."""
+    variant, own = ARMS[arm]
+    config = importlib.import_module(FLAGS.config.removesuffix(".py").replace("/", ".")).get_config(
+        variant
+    )
+    for flag in own:  # --config.<path>=<value>
+        path, _, value = flag.removeprefix("--config.").partition("=")
+        *parents, leaf = path.split(".")
+        node = config
+        for name in parents:
+            node = node[name]
+        node[leaf] = value
+    return [c for c in INTERFACE_COMPONENTS if config.interface[c] != "off"]
+
+
 def warm_start_order(arms: Sequence[str]) -> list[str]:
-    """Arms in the order they run: the cued ones (flags of their own) first, since the first
-    arm of a seed builds the warm start the others copy."""
-    return sorted(arms, key=lambda arm: not ARMS[arm][1])
+    """Arms in the order they run: the first arm of a seed builds the warm start the others
+    copy, so the arms whose training shows the most interface components come first. A warm
+    start trains on the plain view and on every unit of the components its run can show
+    (`seal_jax.modes.warm_start_views`): every arm then starts RL from a policy that has seen
+    the text its interface will show."""
+    return sorted(arms, key=lambda arm: -len(shown_components(arm)))
 
 
 def finished(workdir: str) -> bool:
@@ -924,11 +944,13 @@ def run_flags(runs: Sequence[dict]) -> str:
 def protocol_lines(config: str) -> list[str]:
     """The protocol fixed before running, as the report states it."""
     return [
-        f"Config `{config}`. Protocol: every arm of a seed starts RL from the same warm start; "
-        "primary metric: the official mean final evaluation success; secondary: the strict mean "
-        "(BFCL's irrelevance check too) and the categories. Paired differences are arm − "
-        f"{BASELINE} on the same seed; intervals: {100 * CONFIDENCE:.0f}% paired t (t quantile "
-        "with n − 1 degrees of freedom, sd ddof 1) and percentile bootstrap over seeds "
+        f"Config `{config}`. Protocol: every arm of a seed starts RL from the same warm start, "
+        "built by the arm whose training shows the most interface components and trained on "
+        "the plain view and every unit of those components (so no arm meets text its warm start "
+        "never saw); primary metric: the official mean final evaluation success; secondary: the "
+        "strict mean (BFCL's irrelevance check too) and the categories. Paired differences are "
+        f"arm − {BASELINE} on the same seed; intervals: {100 * CONFIDENCE:.0f}% paired t (t "
+        "quantile with n − 1 degrees of freedom, sd ddof 1) and percentile bootstrap over seeds "
         f"({BOOTSTRAP_RESAMPLES} resamples, RNG seed {BOOTSTRAP_SEED}). Means ± sd over seeds "
         "use ddof 1.",
     ]

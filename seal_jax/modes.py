@@ -35,6 +35,7 @@ from seal_jax.models import (
 from seal_jax.models.config import architecture_from_dir
 
 if TYPE_CHECKING:
+    from environments.rendering import Renderer
     from environments.sources import TaskSource
 
 
@@ -108,9 +109,27 @@ def warm_start_ids(categories: Sequence[str], source: TaskSource) -> list[str]:
     return chosen
 
 
+def warm_start_views(config: Any) -> list[Renderer]:
+    """The interfaces the warm start's oracle transcripts are rendered in: the plain one (what
+    evaluation shows) and, when any interface component can be shown in training (static from
+    the first step, like the released schema cues, or adaptive, which the closed loop switches
+    on unit by unit), the training interface with every unit of those components shown, so that
+    RL never meets cue, hint or guideline text the warm start never saw."""
+    from environments.interface import COMPONENTS, LearningInterface
+    from environments.rendering import Renderer
+
+    plain = Renderer(prompt_style=config.interface.prompt_style)
+    shown = [c for c in COMPONENTS if config.interface[c] != "off"]
+    if not shown:
+        return [plain]
+    covered = config.interface.copy_and_resolve_references()
+    for component in shown:
+        covered[component] = "static"
+    return [plain, LearningInterface(covered).renderer()]
+
+
 def _warm_start(config: Any, path: str, out: str) -> None:
     """Fine-tunes the policy at path on oracle transcripts and saves it to out."""
-    from environments.interface import COMPONENTS, LearningInterface
     from environments.sources import get_source
     from seal_jax.chat import run_chat_format
 
@@ -128,13 +147,8 @@ def _warm_start(config: Any, path: str, out: str) -> None:
             "sft.steps=0"
         )
     tasks = [source.load_task(i) for i in ids]
-    # Both views the policy will meet: the plain interface (evaluation) and, when a component is
-    # static (shown from the first step, e.g. the released schema cues), the training interface,
-    # so that RL does not begin with a prompt the warm start never saw.
-    transcripts = sft.oracle_transcripts(tasks, chat)
-    if any(config.interface[c] == "static" for c in COMPONENTS):
-        view = LearningInterface(config.interface).renderer()
-        transcripts += sft.oracle_transcripts(tasks, chat, view)
+    views = warm_start_views(config)
+    transcripts = [t for view in views for t in sft.oracle_transcripts(tasks, chat, view)]
     params = sft.warm_start(
         model.params,
         model.config,

@@ -284,3 +284,31 @@ def test_warm_start_tasks_take_whole_categories_and_first_n_of_others():
     assert ids == of["base"] + of["miss_param"][:3]
     assert modes.warm_start_ids((), source) == train
     assert modes.warm_start_ids(("long_context:1000",), source) == of["long_context"]
+
+
+@pytest.mark.parametrize(
+    ("variant", "flags", "cued"),
+    [
+        ("seal", {}, ()),  # configs/tiny.py: the plain interface only
+        ("seal", {"schema_cues": "static"}, ("schema_cues",)),  # the released preset's cues
+        ("closed_loop", {}, ("schema_cues", "affordance_cues", "error_hints", "guidelines")),
+    ],
+)
+def test_warm_start_sees_every_text_its_training_interface_can_show(variant, flags, cued):
+    """The warm start's views: plain, plus every unit of each component that training can
+    show, adaptive ones included (the closed loop switches them on later)."""
+    from configs.tiny import get_config
+    from environments import interface
+
+    config = get_config(variant)
+    config.interface.update(flags)
+    views = modes.warm_start_views(config)
+    assert len(views) == 1 + bool(cued) and type(views[0]) is interface.Renderer
+    if not cued:
+        return
+    system = views[1].system(load_task("multi_turn_miss_func_train-0").docs)["content"]
+    assert (interface.INSTRUCTION in system) == ("schema_cues" in cued)
+    assert (interface.AFFORDANCE_CUE in system) == ("affordance_cues" in cued)
+    for tag, line in interface.GUIDELINES.items():
+        assert (line in system) == ("guidelines" in cued), tag
+    assert views[1].shows("error_hints", "not_found") == ("error_hints" in cued)
