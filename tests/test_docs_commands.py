@@ -121,6 +121,10 @@ SKIP = {
     r"(svb|svb_ent|seal_vs_baselines_(official|full|16|reduced|study))$)": "a full comparison "
     "(hours; the 10-seed study about 6 hours on 2 cores; --warm_starts_from and --reuse read "
     "an earlier comparison's runs): the same script as the smoke command, which runs here",
+    r"^python -m benchmarks\.closed_loop_diagnosis ": "reads a finished closed-loop run and its "
+    "plain twin (the study's; none here) and probes their warm start on 200 tasks under 7 "
+    "views (about 10 minutes on 2 cores); tests/test_closed_loop_diagnosis.py checks its "
+    "trajectory on synthetic runs and its tokenizer figure",
     r"^python -m benchmarks\.seal_vs_baselines --report_only": "reports the study's finished "
     "runs (none here); tests/test_seal_vs_baselines_stats.py reports synthetic runs",
 }
