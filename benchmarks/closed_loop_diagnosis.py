@@ -52,7 +52,9 @@ from environments.summary import summarize  # noqa: E402
 FLAGS = flags.FLAGS
 STUDY = "workdirs/seal_vs_baselines_study/runs"
 flags.DEFINE_string("run", f"{STUDY}/closed_loop_seed0", "A finished closed-loop run.")
-flags.DEFINE_string("plain_run", f"{STUDY}/seal_seed0", "The plain-interface run beside it.")
+flags.DEFINE_string(
+    "plain_run", f"{STUDY}/seal_seed0", "The plain-interface run beside it ('': none)."
+)
 flags.DEFINE_string("out_dir", "workdirs/closed_loop_diagnosis", "results.md, results.json.")
 flags.DEFINE_integer("tasks", 200, "Tasks per view in the warm-start probe (0: the split).")
 flags.DEFINE_enum("split", "train", ["train", "eval"], "The probe's tasks.")
@@ -130,9 +132,11 @@ def component_texts() -> dict[str, list[str]]:
 # ---- 3. the warm-start probe -------------------------------------------------------------------
 
 
-def views(lowest_state: Mapping[str, Sequence[str]]) -> dict[str, InterfaceRenderer | Renderer]:
+def views(
+    lowest_state: Mapping[str, Sequence[str]] | None,
+) -> dict[str, InterfaceRenderer | Renderer]:
     """The interfaces probed: plain, each component static alone, all four, and the loop's
-    state at its lowest training reward."""
+    state at its lowest training reward (unless None: a run with no training step yet)."""
     off = dict.fromkeys(COMPONENTS, "off")
     none = {c: () for c in COMPONENTS}
     out: dict[str, InterfaceRenderer | Renderer] = {"plain": Renderer(prompt_style="chat_template")}
@@ -141,6 +145,8 @@ def views(lowest_state: Mapping[str, Sequence[str]]) -> dict[str, InterfaceRende
     out["all four"] = InterfaceRenderer(
         dict.fromkeys(COMPONENTS, "static"), none, prompt_style="chat_template"
     )
+    if lowest_state is None:
+        return out
     out["loop state at its lowest reward"] = InterfaceRenderer(
         dict.fromkeys(COMPONENTS, "adaptive"),
         {c: tuple(lowest_state[c]) for c in COMPONENTS},
@@ -185,7 +191,7 @@ def prompt_lengths(built, config, view, ids: Sequence[str]) -> list[int]:
     return [len(built.chat.prompt_ids(opening)) for opening in openings]
 
 
-def probe(run: str, lowest_state: Mapping[str, Sequence[str]]) -> dict:
+def probe(run: str, lowest_state: Mapping[str, Sequence[str]] | None) -> dict:
     """The warm start, greedy, on the probe's tasks under each view (module docstring, 3). A
     task whose prompt leaves no room for a reply counts as a failure (as in training, where
     such an episode ends at once with reward 0)."""
@@ -258,9 +264,12 @@ def probe(run: str, lowest_state: Mapping[str, Sequence[str]]) -> dict:
 # ---- the report --------------------------------------------------------------------------------
 
 
-def lowest_reward_state(loop: Sequence[dict]) -> tuple[int, dict]:
-    """The step whose training reward was lowest and the interface state it was shown."""
+def lowest_reward_state(loop: Sequence[dict]) -> tuple[int | None, dict | None]:
+    """The step whose training reward was lowest and the interface state it was shown, or
+    (None, None) before the first training step (the probe then runs without that view)."""
     rows = trajectory(loop, [])["steps"]
+    if not rows:
+        return None, None
     low = min(rows, key=lambda r: (r["reward"], r["step"]))
     return low["step"], low["shown"]
 
@@ -321,7 +330,8 @@ def probe_lines(result: Mapping) -> list[str]:
 def main(argv: list[str]) -> None:
     """Writes the diagnosis (module docstring) to --out_dir and prints it."""
     del argv
-    loop, plain = read_records(FLAGS.run), read_records(FLAGS.plain_run)
+    loop = read_records(FLAGS.run)
+    plain = read_records(FLAGS.plain_run) if FLAGS.plain_run else []
     traj = trajectory(loop, plain)
     step, state = lowest_reward_state(loop)
     result = probe(FLAGS.run, state)
@@ -350,7 +360,9 @@ def main(argv: list[str]) -> None:
         "",
         *trajectory_lines(traj),
         "",
-        f"Lowest training reward at step {step}; shown then: "
+        "No training step yet."
+        if state is None
+        else f"Lowest training reward at step {step}; shown then: "
         + "; ".join(f"{c} {list(state[c])}" for c in COMPONENTS),
         "",
         f"## The warm start under each view ({result['tasks']} {result['split']} tasks, greedy)",
