@@ -18,8 +18,9 @@ percentile bootstrap over seeds, BOOTSTRAP_RESAMPLES resamples, RNG seed BOOTSTR
 Runs are resumable across sessions: a finished run (two evaluations in metrics.jsonl and the
 `wall_s` marker written when run.py exits cleanly) is kept (`--rerun` runs it again), an
 unfinished one starts again. Per seed the scratch policy and warm start are built once, by the arm
-whose training shows the most interface components (it runs first; `warm_start_order`), and
-copied into every other arm's directory, so all arms of a seed start RL from the same policy;
+with the most static interface components, then the most adaptive ones (it runs first;
+`warm_start_order`), and copied into every other arm's directory, so all arms of a seed start
+RL from the same policy;
 `--warm_starts_from` takes them from an earlier comparison's run directory instead.
 `--report_only` runs nothing and reports the finished runs found (n per arm shown), so a partial
 study can be reported mid-way.
@@ -175,12 +176,11 @@ def shared_source(root: str, seed: int) -> str | None:
     return None
 
 
-def shown_components(arm: str) -> list[str]:
-    """The interface components an arm's training can show (not "off"), from its config."""
+def interface_modes(arm: str) -> dict[str, str]:
+    """The arm's interface component -> mode ("off", "static", "adaptive"), from its config."""
     variant, own = ARMS[arm]
-    config = importlib.import_module(FLAGS.config.removesuffix(".py").replace("/", ".")).get_config(
-        variant
-    )
+    module = importlib.import_module(FLAGS.config.removesuffix(".py").replace("/", "."))
+    config = module.get_config(variant)
     for flag in own:  # --config.<path>=<value>
         path, _, value = flag.removeprefix("--config.").partition("=")
         *parents, leaf = path.split(".")
@@ -188,16 +188,22 @@ def shown_components(arm: str) -> list[str]:
         for name in parents:
             node = node[name]
         node[leaf] = value
-    return [c for c in INTERFACE_COMPONENTS if config.interface[c] != "off"]
+    return {c: config.interface[c] for c in INTERFACE_COMPONENTS}
 
 
 def warm_start_order(arms: Sequence[str]) -> list[str]:
-    """Arms in the order they run: the first arm of a seed builds the warm start the others
-    copy, so the arms whose training shows the most interface components come first. A warm
-    start trains on the plain view and on every unit of the components its run can show
-    (`seal_jax.modes.warm_start_views`): every arm then starts RL from a policy that has seen
-    the text its interface will show."""
-    return sorted(arms, key=lambda arm: -len(shown_components(arm)))
+    """Arms in the order they run. The first arm of a seed builds the warm start the others
+    copy, on the plain view and the views its training shows (`seal_jax.modes.
+    warm_start_views`), so the arms with the most static components (shown from the first
+    step, the same for every arm that has them) come first, then those with the most adaptive
+    ones: in the study, `released_interface` builds it, and no arm meets a fixed view its warm
+    start never saw (the closed loop's changing views are covered only when it builds)."""
+
+    def rank(arm: str) -> tuple[int, int]:
+        modes = interface_modes(arm).values()
+        return -sum(m == "static" for m in modes), -sum(m != "off" for m in modes)
+
+    return sorted(arms, key=rank)
 
 
 def finished(workdir: str) -> bool:
@@ -945,11 +951,11 @@ def protocol_lines(config: str) -> list[str]:
     """The protocol fixed before running, as the report states it."""
     return [
         f"Config `{config}`. Protocol: every arm of a seed starts RL from the same warm start, "
-        "built by the arm whose training shows the most interface components and trained on "
-        "the plain view and every unit of those components (so no arm meets text its warm start "
-        "never saw); primary metric: the official mean final evaluation success; secondary: the "
-        "strict mean (BFCL's irrelevance check too) and the categories. Paired differences are "
-        f"arm − {BASELINE} on the same seed; intervals: {100 * CONFIDENCE:.0f}% paired t (t "
+        "built by the first arm of `warm_start_order` on the plain view and the views its "
+        "training shows; primary metric: the official mean final evaluation success; "
+        "secondary: the strict mean (BFCL's irrelevance check too) and the categories. Paired "
+        f"differences are arm − {BASELINE} on the same seed; intervals: "
+        f"{100 * CONFIDENCE:.0f}% paired t (t "
         "quantile with n − 1 degrees of freedom, sd ddof 1) and percentile bootstrap over seeds "
         f"({BOOTSTRAP_RESAMPLES} resamples, RNG seed {BOOTSTRAP_SEED}). Means ± sd over seeds "
         "use ddof 1.",

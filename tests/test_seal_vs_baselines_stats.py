@@ -211,3 +211,18 @@ def test_arms():
     assert svb.ARMS["released_interface"] == ("seal", ("--config.interface.schema_cues=static",))
     for variant in svb.VARIANTS:
         assert svb.ARMS[variant] == (variant, ())
+
+
+def test_the_warm_start_is_built_by_the_arm_whose_fixed_views_the_others_need():
+    """The study's shared warm start comes from the arm with a static component (the released
+    schema cues, shown from step one); a closed-loop re-measurement's from the closed loop."""
+    from absl import flags
+
+    if not flags.FLAGS.is_parsed():
+        flags.FLAGS(["seal_vs_baselines"])
+    assert svb.interface_modes("released_interface")["schema_cues"] == "static"
+    assert set(svb.interface_modes("seal").values()) == {"off"}  # configs/tiny.py: plain
+    order = svb.warm_start_order(list(reversed(svb.STUDY_ARMS)))
+    assert order[:2] == ["no_reweighting_released", "released_interface"]
+    assert order[2] == "closed_loop"
+    assert svb.warm_start_order(["seal", "closed_loop"]) == ["closed_loop", "seal"]
