@@ -118,9 +118,11 @@ SKIP = {
     "(over 2 minutes on 2 cores even at the smallest budget); run.py training is run here by "
     "the seal_vs_baselines smoke command",
     r"^python -m benchmarks\.seal_vs_baselines (?!.*--report_only)(.*--out_dir=workdirs/"
-    r"(svb|svb_ent|seal_vs_baselines_(official|full|16|reduced|study))$)": "a full comparison "
-    "(hours; the 10-seed study about 6 hours on 2 cores; --warm_starts_from and --reuse read "
-    "an earlier comparison's runs): the same script as the smoke command, which runs here",
+    r"(svb|svb_ent|closed_loop_remeasure|seal_vs_baselines_(official|full|16|reduced|study))$)": (
+        "a full comparison "
+        "(hours; the 10-seed study about 6 hours on 2 cores; --warm_starts_from and --reuse read "
+        "an earlier comparison's runs): the same script as the smoke command, which runs here"
+    ),
     r"^python -m benchmarks\.closed_loop_diagnosis ": "reads a finished closed-loop run and its "
     "plain twin (the study's; none here) and probes their warm start on 200 tasks under 7 "
     "views (about 10 minutes on 2 cores); tests/test_closed_loop_diagnosis.py checks its "
