@@ -51,13 +51,18 @@ from environments.summary import summarize  # noqa: E402
 
 FLAGS = flags.FLAGS
 STUDY = "workdirs/seal_vs_baselines_study/runs"
-flags.DEFINE_string("run", f"{STUDY}/closed_loop_seed0", "A finished closed-loop run.")
-flags.DEFINE_string(
-    "plain_run", f"{STUDY}/seal_seed0", "The plain-interface run beside it ('': none)."
-)
-flags.DEFINE_string("out_dir", "workdirs/closed_loop_diagnosis", "results.md, results.json.")
-flags.DEFINE_integer("tasks", 200, "Tasks per view in the warm-start probe (0: the split).")
-flags.DEFINE_enum("split", "train", ["train", "eval"], "The probe's tasks.")
+
+
+def define_flags() -> None:
+    """The command's flags, defined when it runs (not on import: the tests import this module
+    beside seal_vs_baselines, whose --out_dir would clash)."""
+    flags.DEFINE_string("run", f"{STUDY}/closed_loop_seed0", "A finished closed-loop run.")
+    flags.DEFINE_string(
+        "plain_run", f"{STUDY}/seal_seed0", "The plain-interface run beside it ('': none)."
+    )
+    flags.DEFINE_string("out_dir", "workdirs/closed_loop_diagnosis", "results.md, results.json.")
+    flags.DEFINE_integer("tasks", 200, "Tasks per view in the warm-start probe (0: the split).")
+    flags.DEFINE_enum("split", "train", ["train", "eval"], "The probe's tasks.")
 
 
 # ---- 1. the trajectory -------------------------------------------------------------------------
@@ -191,7 +196,9 @@ def prompt_lengths(built, config, view, ids: Sequence[str]) -> list[int]:
     return [len(built.chat.prompt_ids(opening)) for opening in openings]
 
 
-def probe(run: str, lowest_state: Mapping[str, Sequence[str]] | None) -> dict:
+def probe(
+    run: str, lowest_state: Mapping[str, Sequence[str]] | None, split: str, limit: int
+) -> dict:
     """The warm start, greedy, on the probe's tasks under each view (module docstring, 3). A
     task whose prompt leaves no room for a reply counts as a failure (as in training, where
     such an episode ends at once with reward 0)."""
@@ -201,7 +208,7 @@ def probe(run: str, lowest_state: Mapping[str, Sequence[str]] | None) -> dict:
     config = probe_config(run)
     model = load_policy(config, os.path.join(run, "warm_start"))
     built = trainer.build(config, model, run)
-    ids = probe_tasks(built.source, FLAGS.split, FLAGS.tasks)
+    ids = probe_tasks(built.source, split, limit)
     room = config.rollout.context_limit - config.train.eval_max_new_tokens
     out = {}
     for name, view in views(lowest_state).items():
@@ -257,7 +264,7 @@ def probe(run: str, lowest_state: Mapping[str, Sequence[str]] | None) -> dict:
             **{c: chars_per_token(tokenizer, t) for c, t in component_texts().items()},
         },
         "tasks": len(ids),
-        "split": FLAGS.split,
+        "split": split,
     }
 
 
@@ -330,11 +337,14 @@ def probe_lines(result: Mapping) -> list[str]:
 def main(argv: list[str]) -> None:
     """Writes the diagnosis (module docstring) to --out_dir and prints it."""
     del argv
-    loop = read_records(FLAGS.run)
-    plain = read_records(FLAGS.plain_run) if FLAGS.plain_run else []
+    try:
+        loop = read_records(FLAGS.run)
+        plain = read_records(FLAGS.plain_run) if FLAGS.plain_run else []
+    except ValueError as e:
+        raise app.UsageError(str(e)) from e
     traj = trajectory(loop, plain)
     step, state = lowest_reward_state(loop)
-    result = probe(FLAGS.run, state)
+    result = probe(FLAGS.run, state, FLAGS.split, FLAGS.tasks)
     os.makedirs(FLAGS.out_dir, exist_ok=True)
     first_cued = next(
         (r["step"] for r in traj["steps"] if any(r["shown"][c] for c in COMPONENTS[:3])), None
@@ -376,4 +386,5 @@ def main(argv: list[str]) -> None:
 
 
 if __name__ == "__main__":
+    define_flags()
     app.run(main)
