@@ -178,14 +178,6 @@ def probe_config(run: str):
     return config
 
 
-def probe_tasks(source, split: str, limit: int) -> list[str]:
-    """`limit` task ids of `split`, round-robin over the categories (all with limit 0)."""
-    ids = source.split_ids(split)
-    by_category = [[i for i in ids if source.category_of(i) == c] for c in source.categories]
-    mixed = [i for group in zip(*by_category) for i in group]
-    return mixed[:limit] if limit else ids
-
-
 def prompt_lengths(built, config, view, ids: Sequence[str]) -> list[int]:
     """Prompt tokens of each task's opening under `view`, as the episode driver renders it."""
     from seal_jax import episodes
@@ -202,13 +194,13 @@ def probe(
     """The warm start, greedy, on the probe's tasks under each view (module docstring, 3). A
     task whose prompt leaves no room for a reply counts as a failure (as in training, where
     such an episode ends at once with reward 0)."""
-    from seal_jax import episodes, trainer
+    from seal_jax import episodes, evaluation, trainer
     from seal_jax.modes import load_policy
 
     config = probe_config(run)
     model = load_policy(config, os.path.join(run, "warm_start"))
     built = trainer.build(config, model, run)
-    ids = probe_tasks(built.source, split, limit)
+    ids = evaluation.eval_task_ids(built.source, limit, split)
     room = config.rollout.context_limit - config.train.eval_max_new_tokens
     out = {}
     for name, view in views(lowest_state).items():

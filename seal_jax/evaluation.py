@@ -33,9 +33,10 @@ from seal_jax.chat import ChatFormat
 from seal_jax.config import ConfigError
 
 
-def eval_task_ids(source: TaskSource, limit: int) -> list[str]:
-    """The evaluation split, or its first `limit` tasks taken round-robin over categories."""
-    ids = source.split_ids("eval")
+def eval_task_ids(source: TaskSource, limit: int, split: str = "eval") -> list[str]:
+    """The evaluation split (or `split`), or its first `limit` tasks taken round-robin over
+    categories."""
+    ids = source.split_ids(split)
     if not limit:
         return ids
     by_category = [[i for i in ids if source.category_of(i) == c] for c in source.categories]
