@@ -17,7 +17,7 @@ untimed first run that also compiles every shape); times are medians of --repeat
 alternated. Random weights, float32, one device.
 
     python -m benchmarks.bench_continuous                        # tiny policy, both workloads
-    python -m benchmarks.bench_continuous --shape=qwen2.5-0.5b --episodes=16 --slots=8
+    python -m benchmarks.bench_continuous --shape=qwen2.5-0.5b --episodes=32 --slots=8
 """
 
 from __future__ import annotations
