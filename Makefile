@@ -40,4 +40,4 @@ format: $(VENV)/.installed-test
 	$(PY) -m ruff check --fix .
 
 test: lint
-	$(PY) -m pytest -q --durations=20 tests
+	$(PY) -m pytest -q -n 2 --dist loadfile --durations=20 tests

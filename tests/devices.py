@@ -3,7 +3,8 @@ background beside the in-process tests.
 
 XLA fixes the device count when jax is first imported, and pytest imports jax once for all tests,
 so multi-device checks run in a subprocess. A subprocess keeps about one core busy; on a 2-core
-machine one of them can run beside the tests, so the module-level pool runs one at a time.
+machine one of them can run beside the tests, so the module-level pool runs one at a time
+(one pool per pytest-xdist worker: `make test` runs two).
 """
 
 from __future__ import annotations
