@@ -103,12 +103,9 @@ SKIP = {
     "the test install) and about 1.5 minutes; tests/test_compile_mode.py runs --mode=compile "
     "for simulated CPU devices",
     r"^python -m benchmarks\.compile_targets$": "needs libtpu and about 1.5 minutes per target",
-    r"^python -m benchmarks\.bench_continuous$": "compiles two schedules' programs (about a "
-    "minute on 2 cores at the smallest budget); tests/test_continuous.py checks that the "
-    "schedules give the same episodes",
-    r"^python -m benchmarks\.bench_continuous --shape=qwen2\.5-0\.5b ": "the Qwen2.5-0.5B row: "
-    "about 40 minutes on 2 cores; tests/test_continuous.py checks that the schedules give the "
-    "same episodes",
+    r"^python -m benchmarks\.bench_continuous( |$)": "compiles two schedules' programs (about "
+    "a minute on 2 cores at the smallest budget, 40 for the Qwen2.5-0.5B rows); "
+    "tests/test_continuous.py checks that the schedules give the same episodes",
     r"benchmarks\.decode_roofline": "compiles Qwen2.5-7B decode steps for TPU topologies: needs "
     "libtpu (not in the test install) and about a minute per target",
     r"benchmarks\.decode_memory_qwen35": "compiles the decode programs of three 3-7B models at "
