@@ -1,7 +1,7 @@
 """SEAL versus vanilla GRPO and the ablation arms on the generated suite (configs/tiny.py).
 
     python -m benchmarks.seal_vs_baselines [--arms=seal,vanilla_grpo,...] [--seeds=10]
-        [--out_dir=DIR] [--rerun] [--report_only] [--time_budget_min=M]
+        [--out_dir=DIR] [--rerun] [--report_only] [--time_budget_min=M] [--recorded=JSON]
         [--max_steps=N] [--eval_limit=N] [--sft_steps=N] ...
 
 An arm (ARMS) is a variant of configs.base.VARIANTS plus its own run.py flags: every
@@ -24,6 +24,14 @@ RL from the same policy;
 `--warm_starts_from` takes them from an earlier comparison's run directory instead.
 `--report_only` runs nothing and reports the finished runs found (n per arm shown), so a partial
 study can be reported mid-way.
+
+Run directories need not outlive a session: `--recorded=<results.json>` (an earlier report's
+JSON, committed under benchmarks/results/) counts the runs it holds as finished. They are reported
+beside the runs on disk (a run directory of the same arm and seed takes precedence) and not run
+again, except the arm that builds a seed's warm start when another arm of that seed still has to
+run and no warm start is on disk: it runs again, and the report checks that its warm start is the
+one the recorded arms of that seed had. Recorded runs carry no per-trajectory weights, so the
+pooled weight quantiles are left out when any run is recorded.
 
 Writes into --out_dir:
 * `results.md`: per arm the mean final success (official and strict) per category; per arm the
@@ -109,6 +117,12 @@ flags.DEFINE_string("workdir_root", "", "Run work directories (default: <out_dir
 flags.DEFINE_bool("reuse", True, "Keep finished runs (the default; --rerun overrides).")
 flags.DEFINE_bool("rerun", False, "Run finished runs again (their warm starts are kept).")
 flags.DEFINE_bool("report_only", False, "Run nothing: report the finished runs found.")
+flags.DEFINE_multi_string(
+    "recorded",
+    [],
+    "An earlier report's results.json: its runs count as finished (not run again, reported "
+    "unless a run directory of the same arm and seed exists).",
+)
 flags.DEFINE_float("time_budget_min", 0, "Start no new run after this many minutes (0: no cap).")
 flags.DEFINE_string("config", "configs/tiny.py", "Config file the variants are taken from.")
 flags.DEFINE_string(
@@ -259,12 +273,24 @@ def run_one(arm: str, seed: int, workdir: str, source: str | None) -> bool:
     return True
 
 
-def run_study(root: str, arms: Sequence[str], seeds: Sequence[int]) -> list[str]:
-    """Runs (or keeps) every arm x seed, seed by seed; returns the failed runs' names."""
+def to_run(root: str, order: Sequence[str], seed: int, recorded: Mapping) -> list[str]:
+    """The arms of `order` that seed `seed` still runs: those not recorded, led by the warm
+    start's builder (order[0]) when they need a warm start that is not on disk."""
+    pending = [a for a in order if seed not in recorded.get(a, {})]
+    if pending and order[0] not in pending and shared_source(root, seed) is None:
+        pending.insert(0, order[0])
+    return pending
+
+
+def run_study(
+    root: str, arms: Sequence[str], seeds: Sequence[int], recorded: Mapping[str, Mapping]
+) -> list[str]:
+    """Runs (or keeps) every arm x seed not in `recorded` (see `to_run`), seed by seed; returns
+    the failed runs' names."""
     start, failed = time.perf_counter(), []
     order = warm_start_order(arms)
     for seed in seeds:
-        for arm in order:
+        for arm in to_run(root, order, seed, recorded):
             workdir = os.path.join(root, f"{arm}_seed{seed}")
             elapsed = (time.perf_counter() - start) / 60
             if FLAGS.time_budget_min and elapsed > FLAGS.time_budget_min and not finished(workdir):
@@ -386,19 +412,42 @@ def load_run(workdir: str, seed: int) -> dict:
     }
 
 
-def collect(root: str, arms: Sequence[str]) -> dict[str, list[dict]]:
-    """The finished runs under `root`, per arm (seed order); arms without any are left out."""
+def read_recorded(paths: Sequence[str], arms: Sequence[str]) -> dict[str, dict[int, dict]]:
+    """The runs of `arms` in earlier reports' results.json files, {arm: {seed: run}}, each
+    marked with `recorded` (its file); a later file wins over an earlier one. Every run's
+    run.py flags must be the ones this study gives it."""
+    out: dict[str, dict[int, dict]] = {}
+    for path in paths:
+        data = read_json(path)
+        if not isinstance(data, dict) or not isinstance(data.get("runs"), dict):
+            raise app.UsageError(f"--recorded={path}: not a results.json with runs")
+        for arm in arms:
+            for run in data["runs"].get(arm, []):
+                if run["run_args"] != run_args(arm, run["seed"]):
+                    raise app.UsageError(
+                        f"--recorded={path}: {arm} seed {run['seed']} ran with other flags "
+                        f"({run['run_args']} != {run_args(arm, run['seed'])})"
+                    )
+                out.setdefault(arm, {})[run["seed"]] = {**run, "recorded": path}
+    return out
+
+
+def collect(
+    root: str, arms: Sequence[str], recorded: Mapping[str, Mapping[int, dict]] | None = None
+) -> dict[str, list[dict]]:
+    """The finished runs under `root` and the `recorded` ones whose arm and seed have none
+    there, per arm (seed order); arms without any are left out."""
     names = sorted(os.listdir(root)) if os.path.isdir(root) else []
     out: dict[str, list[dict]] = {}
     for arm in arms:
-        runs = []
+        runs = dict((recorded or {}).get(arm, {}))
         for name in names:
             match = re.fullmatch(re.escape(arm) + r"_seed(\d+)", name)
             path = os.path.join(root, name)
             if match and finished(path):
-                runs.append(load_run(path, int(match.group(1))))
+                runs[int(match.group(1))] = load_run(path, int(match.group(1)))
         if runs:
-            out[arm] = sorted(runs, key=lambda r: r["seed"])
+            out[arm] = [runs[s] for s in sorted(runs)]
     return out
 
 
@@ -551,7 +600,7 @@ def weight_summary(runs: Sequence[dict]) -> dict:
     if not rows:
         return {"rows": 0}
     mean = sum(s["sum"] for s in stats) / rows
-    values = [s["values"] for s in stats]
+    values = [s.get("values") for s in stats]  # recorded runs have none
     exact = all(v is not None for v in values)
     quantiles = None
     if exact:
@@ -963,24 +1012,36 @@ def protocol_lines(config: str) -> list[str]:
 
 
 def found_lines(results: Mapping[str, Sequence[dict]], arms: Sequence[str]) -> list[str]:
-    """Markdown: per arm the finished runs found, their seeds and run.py flags."""
-    lines = ["| arm | n | seeds | run.py flags (first run) |", "| --- | ---: | --- | --- |"]
+    """Markdown: per arm the finished runs found, their seeds, those of them taken from
+    --recorded files, and the run.py flags."""
+    lines = [
+        "| arm | n | seeds | of them recorded | run.py flags (first run) |",
+        "| --- | ---: | --- | --- | --- |",
+    ]
     for arm in arms:
         runs = results.get(arm, [])
         seeds = ", ".join(str(r["seed"]) for r in runs)
+        recorded = ", ".join(str(r["seed"]) for r in runs if r.get("recorded"))
         lines.append(
-            f"| {arm} | {len(runs)} | {seeds} | `{run_flags(runs)}` |"
+            f"| {arm} | {len(runs)} | {seeds} | {recorded} | `{run_flags(runs)}` |"
             if runs
-            else f"| {arm} | 0 | | |"
+            else f"| {arm} | 0 | | | |"
         )
     return lines
 
 
-def write_report(out_dir: str, root: str, arms: Sequence[str], config: str) -> str:
-    """Reads the finished runs of `arms` under `root` and writes results.md, results.json,
-    comparison.png and paired_differences.png into `out_dir`; returns results.md's text."""
+def write_report(
+    out_dir: str,
+    root: str,
+    arms: Sequence[str],
+    config: str,
+    recorded: Mapping[str, Mapping[int, dict]] | None = None,
+) -> str:
+    """Reads the finished runs of `arms` under `root` and the `recorded` ones (`collect`) and
+    writes results.md, results.json, comparison.png and paired_differences.png into `out_dir`;
+    returns results.md's text."""
     os.makedirs(out_dir, exist_ok=True)
-    results = collect(root, arms)
+    results = collect(root, arms, recorded)
     head = [
         "# SEAL versus the baselines on the generated suite",
         "",
@@ -1036,9 +1097,10 @@ def write_report(out_dir: str, root: str, arms: Sequence[str], config: str) -> s
         "",
         "## Per-trajectory weights in training",
         "",
-        "Over every training trajectory of every run. n/r: not recorded (metrics.jsonl keeps "
-        "per step only weight_mean/min/max/ess: mean, sd, min and max are exact, the share of "
-        "weights != 1 is a range).",
+        "Over every training trajectory of every run. n/r: some run has no per-trajectory "
+        "weights (a --recorded run keeps only their sums; a metrics.jsonl without trajectory "
+        "records keeps per step only weight_mean/min/max/ess): mean, sd, min and max stay "
+        "exact, the share of weights != 1 is a range when only per-step summaries exist.",
         "",
         *weight_lines(weights),
         "",
@@ -1085,11 +1147,12 @@ def main(argv: list[str]) -> None:
     out_dir = os.path.abspath(FLAGS.out_dir)
     root = os.path.abspath(FLAGS.workdir_root or os.path.join(out_dir, "runs"))
     failed = []
+    recorded = read_recorded(FLAGS.recorded, FLAGS.arms)
     if not FLAGS.report_only:
         os.makedirs(root, exist_ok=True)
         seeds = range(FLAGS.first_seed, FLAGS.first_seed + FLAGS.seeds)
-        failed = run_study(root, FLAGS.arms, seeds)
-    print(write_report(out_dir, root, FLAGS.arms, FLAGS.config))
+        failed = run_study(root, FLAGS.arms, seeds, recorded)
+    print(write_report(out_dir, root, FLAGS.arms, FLAGS.config, recorded))
     if failed:
         sys.exit(f"failed runs (rerun to retry): {', '.join(failed)}")
 

@@ -144,11 +144,14 @@ def test_acted_on_tags_follow_the_logged_utilities():
 CATEGORIES = ("base", "miss_func")
 
 
-def _write_run(root, arm, seed, final, weighting=True, finished=True):
+def _write_run(root, arm, seed, final, weighting=True, finished=True, args=None):
     path = os.path.join(root, f"{arm}_seed{seed}")
     os.makedirs(os.path.join(path, "warm_start"))
     with open(os.path.join(path, "warm_start", "model.safetensors"), "wb") as f:
         f.write(f"warm start of seed {seed}".encode())
+    if args is not None:
+        with open(os.path.join(path, "run_args.json"), "w") as f:
+            json.dump(args, f)
     config = {"seed": seed, "train": {"batch_tasks": 1}, "rl": {"group_size": 2},
               "weighting": {"enabled": weighting}}  # fmt: skip
     with open(os.path.join(path, "config.json"), "w") as f:
@@ -201,6 +204,78 @@ def test_report_only_reports_the_finished_runs(tmp_path):
     assert "vanilla_grpo: weighting off" in text
 
 
+def _parsed_flags():
+    from absl import flags
+
+    if not flags.FLAGS.is_parsed():
+        flags.FLAGS(["seal_vs_baselines"])
+
+
+def test_recorded_runs_report_like_the_run_directories_they_came_from(tmp_path):
+    """An earlier session's results.json stands in for its lost run directories: the merged
+    report's paired statistics and sums equal those of one report over all run directories."""
+    _parsed_flags()
+    arms = ["seal", "vanilla_grpo"]
+    finals = {0: (0.7, 0.6), 1: (0.6, 0.6), 2: (0.8, 0.5), 3: (0.9, 0.4)}
+
+    def write(root, seed):
+        s, v = finals[seed]
+        _write_run(root, "seal", seed, (s, s), args=svb.run_args("seal", seed))
+        _write_run(root, "vanilla_grpo", seed, (v, v), weighting=False,
+                   args=svb.run_args("vanilla_grpo", seed))  # fmt: skip
+
+    everything, earlier, later = (str(tmp_path / n) for n in ("all", "earlier", "later"))
+    for seed in finals:
+        write(everything, seed)
+        write(earlier if seed < 2 else later, seed)
+    _write_run(later, "seal", 1, (0.6, 0.6), args=svb.run_args("seal", 1))  # rerun: same result
+    svb.write_report(str(tmp_path / "r_earlier"), earlier, arms, "configs/tiny.py")
+    recorded = svb.read_recorded([str(tmp_path / "r_earlier" / "results.json")], arms)
+    assert sorted(recorded["seal"]) == [0, 1] and sorted(recorded["vanilla_grpo"]) == [0, 1]
+    text = svb.write_report(str(tmp_path / "r_merged"), later, arms, "configs/tiny.py", recorded)
+    svb.write_report(str(tmp_path / "r_all"), everything, arms, "configs/tiny.py")
+    merged, whole = (
+        svb.read_json(str(tmp_path / d / "results.json")) for d in ("r_merged", "r_all")
+    )
+    assert "| seal | 4 | 0, 1, 2, 3 | 0 |" in text  # seed 1's run directory wins
+    assert "| vanilla_grpo | 4 | 0, 1, 2, 3 | 0, 1 |" in text
+    assert merged["paired"] == whole["paired"] and merged["tags"] == whole["tags"]
+    for key in ("rows", "mean", "sd", "min", "max", "share_ne1"):
+        assert merged["weights"]["seal"][key] == pytest.approx(whole["weights"]["seal"][key])
+    assert merged["categories"] == whole["categories"]
+
+
+def test_recorded_runs_are_not_run_again_but_a_missing_warm_start_is_rebuilt(tmp_path):
+    _parsed_flags()
+    order = ["released_interface", "seal", "vanilla_grpo"]
+    recorded = {"released_interface": {5: {}}, "seal": {5: {}, 6: {}},
+                "vanilla_grpo": {6: {}}}  # fmt: skip
+    root = str(tmp_path / "runs")
+    assert svb.to_run(root, order, 4, recorded) == order
+    assert svb.to_run(root, order, 6, recorded) == ["released_interface"]
+    # seed 5's vanilla_grpo needs the warm start, which only the recorded builder had
+    assert svb.to_run(root, order, 5, recorded) == ["released_interface", "vanilla_grpo"]
+    for shared in svb.SHARED:
+        os.makedirs(os.path.join(root, "released_interface_seed5", shared))
+        with open(os.path.join(root, "released_interface_seed5", shared, "config.json"), "w"):
+            pass
+    assert svb.to_run(root, order, 5, recorded) == ["vanilla_grpo"]
+    for arm in order:
+        recorded[arm][7] = {}
+    assert svb.to_run(root, order, 7, recorded) == []
+
+
+def test_recorded_runs_with_other_flags_are_refused(tmp_path):
+    _parsed_flags()
+    root = str(tmp_path / "runs")
+    _write_run(root, "seal", 0, (0.5, 0.5), args=svb.run_args("seal", 0) + ["--config.x=1"])
+    svb.write_report(str(tmp_path / "r"), root, ["seal"], "configs/tiny.py")
+    with pytest.raises(svb.app.UsageError, match="other flags"):
+        svb.read_recorded([str(tmp_path / "r" / "results.json")], ["seal"])
+    with pytest.raises(svb.app.UsageError, match="not a results.json"):
+        svb.read_recorded([str(tmp_path / "r" / "results.md")], ["seal"])
+
+
 def test_report_with_no_finished_run(tmp_path):
     text = svb.write_report(str(tmp_path), str(tmp_path / "none"), ["seal"], "configs/tiny.py")
     assert "No finished run yet" in text
@@ -216,10 +291,7 @@ def test_arms():
 def test_the_warm_start_is_built_by_the_arm_whose_fixed_views_the_others_need():
     """The study's shared warm start comes from the arm with a static component (the released
     schema cues, shown from step one); a closed-loop re-measurement's from the closed loop."""
-    from absl import flags
-
-    if not flags.FLAGS.is_parsed():
-        flags.FLAGS(["seal_vs_baselines"])
+    _parsed_flags()
     assert svb.interface_modes("released_interface")["schema_cues"] == "static"
     assert set(svb.interface_modes("seal").values()) == {"off"}  # configs/tiny.py: plain
     order = svb.warm_start_order(list(reversed(svb.STUDY_ARMS)))
