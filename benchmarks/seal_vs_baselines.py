@@ -423,10 +423,11 @@ def read_recorded(paths: Sequence[str], arms: Sequence[str]) -> dict[str, dict[i
             raise app.UsageError(f"--recorded={path}: not a results.json with runs")
         for arm in arms:
             for run in data["runs"].get(arm, []):
-                if run["run_args"] != run_args(arm, run["seed"]):
+                expected = run_args(arm, run["seed"])
+                if run["run_args"] != expected:
                     raise app.UsageError(
                         f"--recorded={path}: {arm} seed {run['seed']} ran with other flags "
-                        f"({run['run_args']} != {run_args(arm, run['seed'])})"
+                        f"({run['run_args']} != {expected})"
                     )
                 out.setdefault(arm, {})[run["seed"]] = {**run, "recorded": path}
     return out
@@ -445,7 +446,8 @@ def collect(
             match = re.fullmatch(re.escape(arm) + r"_seed(\d+)", name)
             path = os.path.join(root, name)
             if match and finished(path):
-                runs[int(match.group(1))] = load_run(path, int(match.group(1)))
+                seed = int(match.group(1))
+                runs[seed] = load_run(path, seed)
         if runs:
             out[arm] = [runs[s] for s in sorted(runs)]
     return out
