@@ -12,6 +12,7 @@ import pytest
 from scipy import stats
 
 from benchmarks import seal_vs_baselines as svb
+from tests.devices import REPO
 
 
 def test_paired_differences_pair_by_seed_and_drop_unmatched():
@@ -243,6 +244,36 @@ def test_recorded_runs_report_like_the_run_directories_they_came_from(tmp_path):
     for key in ("rows", "mean", "sd", "min", "max", "share_ne1"):
         assert merged["weights"]["seal"][key] == pytest.approx(whole["weights"]["seal"][key])
     assert merged["categories"] == whole["categories"]
+
+
+def test_the_committed_study_record_reproduces_its_report(tmp_path):
+    """benchmarks/README.md's final tables come from this file: reported from the record alone
+    they come out the same, and the primary comparison re-derives with scipy."""
+    _parsed_flags()
+    path = os.path.join(REPO, "benchmarks", "results", "seal_vs_baselines_study_seeds0-9.json")
+    committed = svb.read_json(path)
+    arms = list(committed["arms"])
+    recorded = svb.read_recorded([path], arms)
+    svb.write_report(
+        str(tmp_path / "out"), str(tmp_path / "runs"), arms, "configs/tiny.py", recorded
+    )
+    again = svb.read_json(str(tmp_path / "out" / "results.json"))
+    for key in ("paired", "tags", "weights", "categories", "checks"):
+        assert again[key] == committed[key], key
+    assert committed["checks"] == []  # one warm start per seed, one flag set per arm
+    runs = {arm: {r["seed"]: r for r in committed["runs"][arm]} for arm in arms}
+    assert all(sorted(runs[arm]) == list(range(10)) for arm in arms)
+    diffs = [
+        runs["seal"][s]["final"]["mean"] - runs["vanilla_grpo"][s]["final"]["mean"]
+        for s in range(10)
+    ]
+    t = stats.ttest_rel(
+        [runs["seal"][s]["final"]["mean"] for s in range(10)],
+        [runs["vanilla_grpo"][s]["final"]["mean"] for s in range(10)],
+    )
+    primary = committed["paired"]["seal"]["official"]["mean"]
+    assert primary["diffs"] == pytest.approx(diffs)
+    assert primary["t_interval"] == pytest.approx(list(t.confidence_interval(0.95)))
 
 
 def test_recorded_runs_are_not_run_again_but_a_missing_warm_start_is_rebuilt(tmp_path):
