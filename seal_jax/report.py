@@ -9,7 +9,8 @@
   adds a line when every component is off, so the flat plot is not mistaken for a dead loop);
 * `report.md`: the evaluation before RL against the last one, per category (and the mean with
   BFCL's irrelevance check as well, see EpisodeResult.strict_success), the mean under each
-  evaluation protocol (seal_jax/evaluation.py), with the plots.
+  evaluation protocol (seal_jax/evaluation.py), what the change can be credited to (from the
+  run's config.json: the change is RL's, not the weighting's alone), with the plots.
 
 A plot whose data is not in the log yet (say, no evaluation line) is skipped and report.md says
 why. Figures are drawn with `matplotlib.figure.Figure`, never pyplot, so no GUI backend or global
@@ -18,6 +19,7 @@ state is touched.
 
 from __future__ import annotations
 
+import json
 import os
 from collections.abc import Sequence
 from typing import Any
@@ -33,6 +35,7 @@ TAGS_PLOT = "tag_distribution.png"
 UTILITIES_PLOT = "tag_utilities.png"
 INTERFACE_PLOT = "interface.png"
 REPORT = "report.md"
+_RL_CREDIT = "The change above is what RL as a whole did from this run's warm start."
 
 
 def load_records(workdir: str) -> list[dict]:
@@ -63,6 +66,7 @@ def write_report(workdir: str) -> str:
     ]
     lines = ["# Run report", "", f"Work directory: `{os.path.abspath(workdir)}`", ""]
     lines += _summary(records)
+    lines += _credit(workdir)
     for title, (image, note) in sections:
         lines += [f"## {title}", ""]
         lines += [f"![{title}]({image})", ""] if image else []
@@ -128,6 +132,31 @@ def _summary(records: Sequence[dict]) -> list[str]:
         ]
     if first is last:
         lines += ["", "_Only one evaluation so far: no improvement to report yet._"]
+    return lines + [""]
+
+
+def _credit(workdir: str) -> list[str]:
+    """Markdown lines: the run's loss (from config.json, which run.py writes beside the log) and
+    what its change can be credited to; none without a config.json."""
+    path = os.path.join(workdir, "config.json")
+    if not os.path.isfile(path):
+        return []
+    with open(path) as f:
+        config = json.load(f)
+    weighting = config.get("weighting", {})
+    if not weighting.get("enabled", False):
+        return [f"Loss: GRPO without diagnosis weights (vanilla). {_RL_CREDIT}", ""]
+    utilities = "closed-loop" if weighting.get("closed_loop", False) else "fixed"
+    lines = [
+        f"Loss: diagnosis-weighted GRPO (SEAL, {utilities} tag utilities). {_RL_CREDIT} "
+        "Measuring what the weighting adds needs vanilla GRPO from the same warm start over "
+        "paired seeds (`python -m benchmarks.seal_vs_baselines --arms=seal,vanilla_grpo`)."
+    ]
+    if config.get("env", {}).get("name") == "suite":
+        lines[0] += (
+            " On this generated suite ten paired seeds did not separate the two "
+            '(benchmarks/README.md, "The result: seeds 0-9").'
+        )
     return lines + [""]
 
 

@@ -152,3 +152,36 @@ def test_report_of_a_run_without_protocols_has_no_protocol_table(tmp_path):
     _write(tmp_path, [{"step": 0, "eval": _eval(0, [0.1] * 4, 1.0)}])
     text = Path(report.write_report(str(tmp_path))).read_text()
     assert "per evaluation protocol" not in text and "protocol:" not in text
+
+
+@pytest.mark.parametrize(
+    "weighting, env, says",
+    [
+        ({"enabled": True, "closed_loop": True}, "suite", "SEAL, closed-loop tag utilities"),
+        ({"enabled": True, "closed_loop": False}, "bfcl", "SEAL, fixed tag utilities"),
+        ({"enabled": False, "closed_loop": True}, "suite", "without diagnosis weights"),
+    ],
+)
+def test_report_credits_the_change_to_rl_not_to_the_weighting_alone(tmp_path, weighting, env, says):
+    records = [{"step": 0, "eval": _eval(0, [0.1] * 4, 1.0)}, _train(1)]
+    records[-1]["eval"] = _eval(1, [0.5] * 4, 1.0)
+    _write(tmp_path, records)
+    (tmp_path / "config.json").write_text(
+        json.dumps({"weighting": weighting, "env": {"name": env}})
+    )
+
+    text = Path(report.write_report(str(tmp_path))).read_text()
+
+    assert f"Loss: {'GRPO' if not weighting['enabled'] else 'diagnosis-weighted GRPO'}" in text
+    assert says in text and "what RL as a whole did" in text
+    paired = "--arms=seal,vanilla_grpo" in text
+    assert paired == weighting["enabled"]
+    assert ("ten paired seeds did not separate" in text) == (
+        weighting["enabled"] and env == "suite"
+    )
+
+
+def test_report_without_a_config_makes_no_claim_about_the_loss(tmp_path):
+    _write(tmp_path, [{"step": 0, "eval": _eval(0, [0.1] * 4, 1.0)}])
+
+    assert "Loss:" not in Path(report.write_report(str(tmp_path))).read_text()
