@@ -2,7 +2,7 @@
 
     python -m benchmarks.seal_vs_baselines [--arms=seal,vanilla_grpo,...] [--seeds=10]
         [--out_dir=DIR] [--rerun] [--report_only] [--time_budget_min=M] [--recorded=JSON]
-        [--max_steps=N] [--eval_limit=N] [--sft_steps=N] ...
+        [--baseline=ARM] [--max_steps=N] [--eval_limit=N] [--sft_steps=N] ...
 
 An arm (ARMS) is a variant of configs.base.VARIANTS plus its own run.py flags: every
 variant is an arm with none, and `released_interface` is `seal` with the released preset's
@@ -35,8 +35,9 @@ pooled weight quantiles are left out when any run is recorded.
 
 Writes into --out_dir:
 * `results.md`: per arm the mean final success (official and strict) per category; per arm the
-  paired difference to vanilla GRPO with both intervals; the diagnosis tags of the training
-  rollouts, the per-trajectory weights, and which categories never show a tag the weighting acts on;
+  paired difference to vanilla GRPO (or --baseline) with both intervals; the diagnosis tags of
+  the training rollouts, the per-trajectory weights, and which categories never show a tag the
+  weighting acts on;
 * `results.json`: the same numbers and every run's;
 * `comparison.png` (final success per category) and `paired_differences.png`.
 """
@@ -91,7 +92,7 @@ STUDY_ARMS = (
     "no_reweighting_released",
     "closed_loop",
 )
-BASELINE = "vanilla_grpo"  # every other arm is compared with it, seed by seed
+BASELINE = "vanilla_grpo"  # every other arm is compared with it, seed by seed (--baseline)
 CONFIDENCE = 0.95
 BOOTSTRAP_RESAMPLES = 10_000
 BOOTSTRAP_SEED = 0
@@ -117,6 +118,9 @@ flags.DEFINE_string("workdir_root", "", "Run work directories (default: <out_dir
 flags.DEFINE_bool("reuse", True, "Keep finished runs (the default; --rerun overrides).")
 flags.DEFINE_bool("rerun", False, "Run finished runs again (their warm starts are kept).")
 flags.DEFINE_bool("report_only", False, "Run nothing: report the finished runs found.")
+flags.DEFINE_string(
+    "baseline", BASELINE, "The arm every other arm is compared with, seed by seed (one of --arms)."
+)
 flags.DEFINE_multi_string(
     "recorded",
     [],
@@ -722,14 +726,16 @@ def success_table(results: Mapping[str, Sequence[dict]], key: str, keys: list[st
     return lines
 
 
-def paired_tables(results: Mapping[str, Sequence[dict]], keys: list[str]) -> dict:
-    """{arm: {"official"|"strict": {column: paired_summary vs BASELINE}}}."""
-    base = results.get(BASELINE)
+def paired_tables(
+    results: Mapping[str, Sequence[dict]], keys: list[str], baseline: str = BASELINE
+) -> dict:
+    """{arm: {"official"|"strict": {column: paired_summary vs baseline}}}."""
+    base = results.get(baseline)
     if not base:
         return {}
     out = {}
     for arm, runs in results.items():
-        if arm == BASELINE:
+        if arm == baseline:
             continue
         out[arm] = {
             name: {k: paired_summary(by_seed(runs, key, k), by_seed(base, key, k)) for k in keys}
@@ -738,13 +744,15 @@ def paired_tables(results: Mapping[str, Sequence[dict]], keys: list[str]) -> dic
     return out
 
 
-def paired_lines(paired: Mapping[str, dict], keys: list[str]) -> list[str]:
-    """Markdown tables of the paired differences (points): means with both intervals, then per
-    category with the t interval."""
+def paired_lines(
+    paired: Mapping[str, dict], keys: list[str], baseline: str = BASELINE
+) -> list[str]:
+    """Markdown tables of the paired differences to `baseline` (points): means with both
+    intervals, then per category with the t interval."""
     if not paired:
-        return [f"No paired differences: {BASELINE} has no finished run."]
+        return [f"No paired differences: {baseline} has no finished run."]
     lines = [
-        f"| arm − {BASELINE} | n | official mean: diff | paired t 95% | bootstrap 95% "
+        f"| arm − {baseline} | n | official mean: diff | paired t 95% | bootstrap 95% "
         "| strict mean: diff | paired t 95% | bootstrap 95% |",
         "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
     ]
@@ -760,7 +768,7 @@ def paired_lines(paired: Mapping[str, dict], keys: list[str]) -> list[str]:
             "",
             f"Per category, {name}: mean paired difference [paired t 95%] (points):",
             "",
-            f"| arm − {BASELINE} | " + " | ".join(keys[:-1]) + " |",
+            f"| arm − {baseline} | " + " | ".join(keys[:-1]) + " |",
             "| --- |" + " ---: |" * (len(keys) - 1),
         ]
         for arm, p in paired.items():
@@ -934,8 +942,8 @@ def plot_success(results: Mapping[str, Sequence[dict]], keys: list[str], path: s
     plt.close(fig)
 
 
-def plot_paired(paired: Mapping[str, dict], path: str) -> None:
-    """Per arm each seed's difference to BASELINE (dots), the mean, the paired t interval and
+def plot_paired(paired: Mapping[str, dict], path: str, baseline: str = BASELINE) -> None:
+    """Per arm each seed's difference to `baseline` (dots), the mean, the paired t interval and
     the bootstrap interval; official and strict mean side by side."""
     fig, axes = plt.subplots(1, 2, figsize=(max(7.0, 2.4 * len(paired) + 2), 4.2))
     for ax, name in zip(axes, ("official", "strict")):
@@ -970,7 +978,7 @@ def plot_paired(paired: Mapping[str, dict], path: str) -> None:
             [f"{a}\nn={p[name]['mean']['n']}" for a, p in paired.items()],
             fontsize=7,
         )
-        ax.set_ylabel(f"{name} mean final success − {BASELINE} (points)")
+        ax.set_ylabel(f"{name} mean final success − {baseline} (points)")
         ax.legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
@@ -998,14 +1006,14 @@ def run_flags(runs: Sequence[dict]) -> str:
     return " ".join(a for a in args if not a.startswith("--config.seed="))
 
 
-def protocol_lines(config: str) -> list[str]:
+def protocol_lines(config: str, baseline: str = BASELINE) -> list[str]:
     """The protocol fixed before running, as the report states it."""
     return [
         f"Config `{config}`. Protocol: every arm of a seed starts RL from the same warm start, "
         "built by the first arm of `warm_start_order` on the plain view and the views its "
         "training shows; primary metric: the official mean final evaluation success; "
         "secondary: the strict mean (BFCL's irrelevance check too) and the categories. Paired "
-        f"differences are arm − {BASELINE} on the same seed; intervals: "
+        f"differences are arm − {baseline} on the same seed; intervals: "
         f"{100 * CONFIDENCE:.0f}% paired t (t "
         "quantile with n − 1 degrees of freedom, sd ddof 1) and percentile bootstrap over seeds "
         f"({BOOTSTRAP_RESAMPLES} resamples, RNG seed {BOOTSTRAP_SEED}). Means ± sd over seeds "
@@ -1038,16 +1046,17 @@ def write_report(
     arms: Sequence[str],
     config: str,
     recorded: Mapping[str, Mapping[int, dict]] | None = None,
+    baseline: str = BASELINE,
 ) -> str:
     """Reads the finished runs of `arms` under `root` and the `recorded` ones (`collect`) and
-    writes results.md, results.json, comparison.png and paired_differences.png into `out_dir`;
-    returns results.md's text."""
+    writes results.md, results.json, comparison.png and paired_differences.png (every other arm
+    against `baseline`, seed by seed) into `out_dir`; returns results.md's text."""
     os.makedirs(out_dir, exist_ok=True)
     results = collect(root, arms, recorded)
     head = [
         "# SEAL versus the baselines on the generated suite",
         "",
-        *protocol_lines(config),
+        *protocol_lines(config, baseline),
         "",
         "Finished runs found:",
         "",
@@ -1059,13 +1068,13 @@ def write_report(
             f.write(text)
         return text
     keys = columns(results)
-    paired = paired_tables(results, keys)
+    paired = paired_tables(results, keys, baseline)
     tags = {arm: arm_tag_summary(runs) for arm, runs in results.items()}
     weights = {arm: weight_summary(runs) for arm, runs in results.items()}
     checks = {arm: category_check(runs) for arm, runs in results.items()}
     plot_success(results, keys, os.path.join(out_dir, "comparison.png"))
     if paired:
-        plot_paired(paired, os.path.join(out_dir, "paired_differences.png"))
+        plot_paired(paired, os.path.join(out_dir, "paired_differences.png"), baseline)
     warnings = integrity_lines(results)
     text = [
         *head,
@@ -1083,9 +1092,9 @@ def write_report(
         "",
         *per_seed_lines(results),
         "",
-        f"## Paired differences to {BASELINE} (same seed, points)",
+        f"## Paired differences to {baseline} (same seed, points)",
         "",
-        *paired_lines(paired, keys),
+        *paired_lines(paired, keys, baseline),
         "",
         *(["![paired differences](paired_differences.png)", ""] if paired else []),
         "![comparison](comparison.png)",
@@ -1123,7 +1132,7 @@ def write_report(
     summary = {
         "config": config,
         "arms": {a: ARMS[a] for a in arms},
-        "baseline": BASELINE,
+        "baseline": baseline,
         "confidence": CONFIDENCE,
         "bootstrap": {"resamples": BOOTSTRAP_RESAMPLES, "seed": BOOTSTRAP_SEED},
         "checks": warnings,
@@ -1144,6 +1153,9 @@ def main(argv: list[str]) -> None:
     unknown = [a for a in FLAGS.arms if a not in ARMS]
     if unknown:
         raise app.UsageError(f"unknown arms {unknown}; use some of {', '.join(ARMS)}")
+    chosen = FLAGS["baseline"].present or FLAGS.baseline != BASELINE  # the default may be absent
+    if chosen and FLAGS.baseline not in FLAGS.arms:
+        raise app.UsageError(f"--baseline={FLAGS.baseline} is not one of --arms={FLAGS.arms}")
     if not FLAGS.reuse:
         FLAGS.rerun = True
     out_dir = os.path.abspath(FLAGS.out_dir)
@@ -1154,7 +1166,7 @@ def main(argv: list[str]) -> None:
         os.makedirs(root, exist_ok=True)
         seeds = range(FLAGS.first_seed, FLAGS.first_seed + FLAGS.seeds)
         failed = run_study(root, FLAGS.arms, seeds, recorded)
-    print(write_report(out_dir, root, FLAGS.arms, FLAGS.config, recorded))
+    print(write_report(out_dir, root, FLAGS.arms, FLAGS.config, recorded, FLAGS.baseline))
     if failed:
         sys.exit(f"failed runs (rerun to retry): {', '.join(failed)}")
 

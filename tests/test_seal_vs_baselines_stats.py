@@ -205,6 +205,43 @@ def test_report_only_reports_the_finished_runs(tmp_path):
     assert "vanilla_grpo: weighting off" in text
 
 
+def test_another_baseline_pairs_every_other_arm_with_it(tmp_path):
+    root = str(tmp_path / "runs")
+    finals = {
+        "seal": (0.7, 0.6, 0.8),
+        "vanilla_grpo": (0.6, 0.6, 0.5),
+        "closed_loop": (0.2, 0.4, 0.3),
+    }
+    for arm, values in finals.items():
+        for seed, v in enumerate(values):
+            _write_run(root, arm, seed, (v, v), weighting=arm != "vanilla_grpo")
+    out = str(tmp_path / "out")
+    text = svb.write_report(out, root, list(finals), "configs/tiny.py", baseline="closed_loop")
+    results = svb.read_json(os.path.join(out, "results.json"))
+    assert results["baseline"] == "closed_loop" and set(results["paired"]) == {
+        "seal",
+        "vanilla_grpo",
+    }
+    assert "## Paired differences to closed_loop" in text and "| arm − closed_loop |" in text
+    p = results["paired"]["vanilla_grpo"]["official"]["mean"]
+    assert p["diffs"] == pytest.approx([0.4, 0.2, 0.2])
+    t = stats.ttest_rel(finals["vanilla_grpo"], finals["closed_loop"])
+    assert p["t_interval"] == pytest.approx(list(t.confidence_interval(0.95)))
+
+
+def test_a_baseline_outside_the_arms_is_one_usage_error(tmp_path):
+    from absl.testing import flagsaver
+
+    _parsed_flags()
+    saved = flagsaver.flagsaver(
+        arms=["seal", "vanilla_grpo"], baseline="closed_loop", report_only=True,
+        out_dir=str(tmp_path),
+    )  # fmt: skip
+    refused = pytest.raises(svb.app.UsageError, match="--baseline=closed_loop is not one of")
+    with saved, refused:
+        svb.main([])
+
+
 def _parsed_flags():
     from absl import flags
 
