@@ -726,9 +726,7 @@ def success_table(results: Mapping[str, Sequence[dict]], key: str, keys: list[st
     return lines
 
 
-def paired_tables(
-    results: Mapping[str, Sequence[dict]], keys: list[str], baseline: str = BASELINE
-) -> dict:
+def paired_tables(results: Mapping[str, Sequence[dict]], keys: list[str], baseline: str) -> dict:
     """{arm: {"official"|"strict": {column: paired_summary vs baseline}}}."""
     base = results.get(baseline)
     if not base:
@@ -744,9 +742,7 @@ def paired_tables(
     return out
 
 
-def paired_lines(
-    paired: Mapping[str, dict], keys: list[str], baseline: str = BASELINE
-) -> list[str]:
+def paired_lines(paired: Mapping[str, dict], keys: list[str], baseline: str) -> list[str]:
     """Markdown tables of the paired differences to `baseline` (points): means with both
     intervals, then per category with the t interval."""
     if not paired:
@@ -942,7 +938,7 @@ def plot_success(results: Mapping[str, Sequence[dict]], keys: list[str], path: s
     plt.close(fig)
 
 
-def plot_paired(paired: Mapping[str, dict], path: str, baseline: str = BASELINE) -> None:
+def plot_paired(paired: Mapping[str, dict], path: str, baseline: str) -> None:
     """Per arm each seed's difference to `baseline` (dots), the mean, the paired t interval and
     the bootstrap interval; official and strict mean side by side."""
     fig, axes = plt.subplots(1, 2, figsize=(max(7.0, 2.4 * len(paired) + 2), 4.2))
@@ -1006,7 +1002,7 @@ def run_flags(runs: Sequence[dict]) -> str:
     return " ".join(a for a in args if not a.startswith("--config.seed="))
 
 
-def protocol_lines(config: str, baseline: str = BASELINE) -> list[str]:
+def protocol_lines(config: str, baseline: str) -> list[str]:
     """The protocol fixed before running, as the report states it."""
     return [
         f"Config `{config}`. Protocol: every arm of a seed starts RL from the same warm start, "

@@ -147,17 +147,17 @@ def _credit(workdir: str) -> list[str]:
     if not weighting.get("enabled", False):
         return [f"Loss: GRPO without diagnosis weights (vanilla). {_RL_CREDIT}", ""]
     utilities = "closed-loop" if weighting.get("closed_loop", False) else "fixed"
-    lines = [
+    line = (
         f"Loss: diagnosis-weighted GRPO (SEAL, {utilities} tag utilities). {_RL_CREDIT} "
         "Measuring what the weighting adds needs vanilla GRPO from the same warm start over "
         "paired seeds (`python -m benchmarks.seal_vs_baselines --arms=seal,vanilla_grpo`)."
-    ]
+    )
     if config.get("env", {}).get("name") == "suite":
-        lines[0] += (
+        line += (
             " On this generated suite ten paired seeds did not separate the two "
             '(benchmarks/README.md, "The result: seeds 0-9").'
         )
-    return lines + [""]
+    return [line, ""]
 
 
 def _change_row(name: str, before: float | None, after: float | None) -> str:
