@@ -38,10 +38,9 @@ from jax.sharding import PartitionSpec as P
 
 from configs import qwen
 from seal_jax import aot, episodes, estimate, rollout, sharding, weight_sync
-from seal_jax.models import QwenConfig
+from seal_jax.models import QwenConfig, model_class
 from seal_jax.models.checkpoint import param_shapes
 from seal_jax.models.config import architecture_from_dir
-from seal_jax.models.qwen import model_class
 from seal_jax.sampler import SamplingParams, sample
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

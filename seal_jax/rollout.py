@@ -62,8 +62,9 @@ from absl import logging
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
+from seal_jax.models.architectures import init_cache, model_class
 from seal_jax.models.config import Qwen35Config, QwenConfig
-from seal_jax.models.qwen import Cache, init_cache, model_class
+from seal_jax.models.layers import Cache
 from seal_jax.models.qwen35 import CACHE_AXES_35
 from seal_jax.sampler import SamplingParams, sample
 from seal_jax.sharding import BATCH_AXES

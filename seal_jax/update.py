@@ -111,7 +111,7 @@ def build_updater(config: Any, model: LoadedModel) -> Updater:
 
 
 def attention_kernel(setting: str, mesh: Any) -> str:
-    """The kernel (`seal_jax.models.qwen.ATTENTION_KERNELS`) of `model.attention` on the mesh's
+    """The kernel (`seal_jax.models.layers.ATTENTION_KERNELS`) of `model.attention` on the mesh's
     devices: "auto" is the Pallas splash kernel on TPU and XLA's attention elsewhere; "splash"
     off TPU runs the kernel in Pallas' interpreter (slow: for tests)."""
     tpu = mesh.devices.flat[0].platform == "tpu"

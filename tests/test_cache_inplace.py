@@ -19,8 +19,8 @@ import jax.numpy as jnp
 import pytest
 from jax.sharding import SingleDeviceSharding
 
+from seal_jax.models import init_cache, init_params, model_class
 from seal_jax.models.config import Qwen35Config, QwenConfig
-from seal_jax.models.qwen import init_cache, init_params, model_class
 
 LAYERS = 8
 

@@ -62,7 +62,7 @@ import json
 import jax, jax.numpy as jnp, numpy as np
 from seal_jax import sharding
 from seal_jax.models import QwenConfig
-from seal_jax.models.qwen import init_params, token_logprobs
+from seal_jax.models import init_params, token_logprobs
 
 cfg = QwenConfig(model_type="qwen2", vocab_size=512, hidden_size=64, intermediate_size=128,
     num_layers=2, num_heads=4, num_kv_heads=2, head_dim=16, rope_theta=1e6, rms_norm_eps=1e-6,
@@ -101,7 +101,9 @@ def test_sharded_log_probs_and_gradients_equal_one_devices():
     result = json.loads(run_with_devices(SHARDED_LOGPROBS, 8).strip().splitlines()[-1])
     for sharded in ("many", "splash"):
         for got, want in zip(result[sharded], result["one"]):
-            np.testing.assert_allclose(np.array(got), np.array(want), rtol=1e-4, atol=1e-5)
+            # float32 sums split over 8 devices add in another order: on some CPUs a gradient
+            # entry near 0.03 moves by 1.5e-5 (2 of 32768 entries), hence atol 3e-5.
+            np.testing.assert_allclose(np.array(got), np.array(want), rtol=1e-4, atol=3e-5)
 
 
 def test_auto_attention_is_the_splash_kernel_on_tpu_only():

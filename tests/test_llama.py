@@ -23,7 +23,7 @@ from seal_jax.models import (
     init_cache,
     load_hf_checkpoint,
 )
-from seal_jax.models.qwen import rope_frequencies
+from seal_jax.models.layers import rope_frequencies
 from tests import hf_models
 from tests.devices import run_with_devices
 from tests.test_model_parity import SHARDED

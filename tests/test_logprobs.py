@@ -10,7 +10,7 @@ import torch
 from jax.extend import core as jax_core
 
 from seal_jax.models import load_hf_checkpoint, token_logprobs
-from seal_jax.models.qwen import CAUSAL_BLOCK
+from seal_jax.models.layers import CAUSAL_BLOCK
 from tests import hf_models
 
 

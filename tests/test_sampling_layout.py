@@ -14,7 +14,7 @@ import json
 import jax, jax.numpy as jnp, numpy as np
 from seal_jax import aot, sharding, weight_sync
 from seal_jax.models import LoadedModel, QwenConfig
-from seal_jax.models.qwen import init_params
+from seal_jax.models import init_params
 from seal_jax.rollout import EngineConfig, RolloutEngine
 
 cfg = QwenConfig(model_type="qwen2", vocab_size=512, hidden_size=64, intermediate_size=128,

@@ -23,7 +23,7 @@ from jax.experimental import multihost_utils
 from jax.sharding import Mesh
 
 from seal_jax import sharding
-from seal_jax.models import qwen
+from seal_jax.models import architectures
 from seal_jax.models.config import CheckpointError, Qwen35Config, QwenConfig, architecture_from_dir
 from seal_jax.models.safetensors_io import SafetensorsFile, open_checkpoint, write_safetensors
 
@@ -111,7 +111,7 @@ def _leaf_paths(tree: Any) -> list[tuple[tuple[str, ...], Any]]:
 def param_shapes(cfg: QwenConfig | Qwen35Config, dtype: Any = jnp.float32) -> Any:
     """The parameter pytree as ShapeDtypeStructs (no memory allocated)."""
     return jax.eval_shape(
-        functools.partial(qwen.init_params, cfg, param_dtype=dtype), jax.random.key(0)
+        functools.partial(architectures.init_params, cfg, param_dtype=dtype), jax.random.key(0)
     )
 
 
@@ -198,7 +198,9 @@ class LoadedModel:
     def logits(self, input_ids: Any, positions: Any, mask: Any) -> jax.Array:
         """float32 logits [B, T, V] for int arrays input_ids, positions and mask [B, T]."""
         fn = jax.jit(
-            functools.partial(qwen.forward_logits, cfg=self.config, dtype=self.compute_dtype)
+            functools.partial(
+                architectures.forward_logits, cfg=self.config, dtype=self.compute_dtype
+            )
         )
         with jax.set_mesh(self.mesh):
             logits, _ = fn(

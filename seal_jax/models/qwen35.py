@@ -15,20 +15,20 @@ full-attention layers, in the order of the config's `layer_types`.
 Padding never reaches the recurrent state: padded positions have zero q, k, v, beta and decay
 exp(0) = 1, so the state passes them unchanged, wherever they sit.
 
-Shared-prompt training passes (`token_logprobs(..., prompt=...)`, as `Qwen`'s): each group's
-prompt runs once and yields, per layer, what its rows continue from: the full layers' keys and
-values (the rows' queries attend to them where the prompt's mask is set) and the linear layers'
+Shared-prompt training passes (`token_logprobs(..., prompt=...)`, as the dense decoder's): each
+group's prompt runs once and yields, per layer, what its rows continue from: the full layers' keys
+and values (the rows' queries attend to them where the prompt's mask is set) and the linear layers'
 convolution inputs (the last K-1 real ones) and recurrent state at the end of the prompt, from
 which the rows' convolution and chunked delta rule go on; so the prompt may be padded on either
-side. The group's rows share these arrays, so their gradients through the prompt add up, as if
-each row had its own.
+side. The group's rows share these arrays, so their gradients through the prompt add up, as if each
+row had its own.
 
 Layers are scanned over repetitions of `cfg.layer_pattern` (Qwen3.5: three linear layers and one
 full, scanned eight times for 32 layers); the parameters of pattern position j are
 `layers/l{j}/...` with a leading repetition axis, so HF layer g * len(pattern) + j is entry g.
 
 Cache (`init_cache`): the Qwen KV cache of the full layers (`k`, `v`: [F, B, KVH, S, D], `mask`,
-`index`; see `seal_jax.models.qwen`) plus, per linear layer, `conv` [N, B, K-1, C] (the last K-1
+`index`; see `seal_jax.models.layers`) plus, per linear layer, `conv` [N, B, K-1, C] (the last K-1
 real convolution inputs) and `state` [N, B, Hv, Dk, Dv] (float32 recurrent state). Their size
 does not depend on the history length. The whole cache is the layer scan's carry, each layer
 reading and writing its own entries, so a donated cache is updated in place.
@@ -43,23 +43,21 @@ import jax
 import jax.numpy as jnp
 
 from seal_jax.models.config import FULL_ATTENTION, LINEAR_ATTENTION, Qwen35Config
-from seal_jax.models.qwen import (
+from seal_jax.models.layers import (
     CACHE_AXES,
     Cache,
+    CausalLMHead,
     Mlp,
-    Qwen,
     SharedPrompt,
-    _dense,
     apply_rope,
     cached_attention,
     causal_attention,
-    chunked_token_logprobs,
+    dense,
     splash_causal_attention,
     write_cache,
 )
 from seal_jax.sharding import constrain
 
-Params = Any
 # (batch axis, slot axis) of each cache entry; the linear layers' states have no slot axis.
 CACHE_AXES_35 = {**CACHE_AXES, "conv": (1, None), "state": (1, None)}
 
@@ -269,10 +267,10 @@ class GatedDeltaNet(nn.Module):
         dk, dv = cfg.linear_key_head_dim, cfg.linear_value_head_dim
         mask = ctx["key_mask"]
         x = jnp.where(mask[..., None], x, 0).astype(dt)  # padding enters as zeros (as HF)
-        qkv = _dense(cfg.conv_dim, "in_proj_qkv", dt, pdt)(x)
-        z = _dense(hv * dv, "in_proj_z", dt, pdt)(x).reshape(b, t, hv, dv)
-        beta = nn.sigmoid(_dense(hv, "in_proj_b", dt, pdt)(x).astype(jnp.float32))
-        a = _dense(hv, "in_proj_a", dt, pdt)(x).astype(jnp.float32)
+        qkv = dense(cfg.conv_dim, "in_proj_qkv", dt, pdt)(x)
+        z = dense(hv * dv, "in_proj_z", dt, pdt)(x).reshape(b, t, hv, dv)
+        beta = nn.sigmoid(dense(hv, "in_proj_b", dt, pdt)(x).astype(jnp.float32))
+        a = dense(hv, "in_proj_a", dt, pdt)(x).astype(jnp.float32)
         a_log = self.param("A_log", _a_log_init, (hv,), pdt)
         dt_bias = self.param("dt_bias", nn.initializers.ones, (hv,), pdt)
         g = -jnp.exp(a_log.astype(jnp.float32)) * jax.nn.softplus(a + dt_bias.astype(jnp.float32))
@@ -306,7 +304,7 @@ class GatedDeltaNet(nn.Module):
             out, state = chunked_delta_rule(q, k, v, g, beta, state, cfg.linear_chunk)
         # The float32 output goes into the norm (which is float32) without a rounding.
         out = GatedRMSNorm(cfg.rms_norm_eps, dt, pdt, name="norm")(out, z)
-        out = _dense(cfg.hidden_size, "out_proj", dt, pdt)(out.reshape(b, t, hv * dv))
+        out = dense(cfg.hidden_size, "out_proj", dt, pdt)(out.reshape(b, t, hv * dv))
         if layer_state is None:
             return out, None
         joined_mask = jnp.concatenate([jnp.ones((b, k_conv - 1), bool), mask], axis=1)
@@ -334,17 +332,17 @@ class GatedAttention(nn.Module):
         """x [B,T,E] -> (output [B,T,E], the cache or None, this call's (k, v) or None).
 
         layer_cache: None, or (the whole (k, v) cache of the full layers, this layer's index in
-        it): the call's keys and values are written there (`qwen.cached_attention`).
+        it): the call's keys and values are written there (`layers.cached_attention`).
         prefix: a shared prompt's (k, v) [B,P,KVH,D], attended to where ctx "prefix_mask" [B,P]
         is set. The call's (k, v) come back when ctx has "return_state" (a prompt pass).
         """
         cfg, dt, pdt = self.cfg, self.dtype, self.param_dtype
         b, t, _ = x.shape
         h, kvh, hd = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
-        q_gate = _dense(h * 2 * hd, "q_proj", dt, pdt)(x).reshape(b, t, h, 2 * hd)
+        q_gate = dense(h * 2 * hd, "q_proj", dt, pdt)(x).reshape(b, t, h, 2 * hd)
         q, gate = q_gate[..., :hd], q_gate[..., hd:]
-        k = _dense(kvh * hd, "k_proj", dt, pdt)(x).reshape(b, t, kvh, hd)
-        v = _dense(kvh * hd, "v_proj", dt, pdt)(x).reshape(b, t, kvh, hd)
+        k = dense(kvh * hd, "k_proj", dt, pdt)(x).reshape(b, t, kvh, hd)
+        v = dense(kvh * hd, "v_proj", dt, pdt)(x).reshape(b, t, kvh, hd)
         q = constrain(q, "batch", None, "heads", None)
         k = constrain(k, "batch", None, "heads", None)
         v = constrain(v, "batch", None, "heads", None)
@@ -368,7 +366,7 @@ class GatedAttention(nn.Module):
             out = splash_causal_attention(q, k, v, ctx["key_mask"], interpret)
         out = constrain(out, "batch", None, "heads", None).reshape(b, t, h * hd)
         out = out * nn.sigmoid(gate.reshape(b, t, h * hd))
-        return _dense(cfg.hidden_size, "o_proj", dt, pdt)(out), new_cache, kv
+        return dense(cfg.hidden_size, "o_proj", dt, pdt)(out), new_cache, kv
 
 
 class Qwen35Layer(nn.Module):
@@ -446,7 +444,7 @@ class Qwen35Layer(nn.Module):
 
 class LayerGroup(nn.Module):
     """One repetition of cfg.layer_pattern (the body of the layer scan). The whole cache is in
-    the scan's carry, so a donated cache is updated in place (see `seal_jax.models.qwen`)."""
+    the scan's carry, so a donated cache is updated in place (see `seal_jax.models.qwen_llama`)."""
 
     cfg: Qwen35Config
     dtype: Any
@@ -488,11 +486,11 @@ class LayerGroup(nn.Module):
         return (x, cache), (tuple(states) if "return_state" in ctx else None)
 
 
-class Qwen35(nn.Module):
-    """The Qwen3.5 causal LM trunk, with the interface of `seal_jax.models.qwen.Qwen`: returns
-    the final hidden states (normed) and the updated cache.
+class Qwen35(CausalLMHead, nn.Module):
+    """The Qwen3.5 causal LM trunk, with the interface of `qwen_llama.DenseDecoder`: returns the
+    final hidden states (normed) and the updated cache.
 
-    Attributes as `Qwen`'s; `scan_unroll` counts repetitions of the layer pattern.
+    Attributes as `DenseDecoder`'s; `scan_unroll` counts repetitions of the layer pattern.
     """
 
     cfg: Qwen35Config
@@ -563,35 +561,6 @@ class Qwen35(nn.Module):
         new_cache["index"] = index + advance
         return self.norm(x), new_cache
 
-    # The output head is Qwen's: the same embed_tokens / lm_head / tie_word_embeddings fields.
-    output_embedding = Qwen.output_embedding
-    logits = Qwen.logits
-
-    def token_logprobs(
-        self,
-        input_ids: jax.Array,
-        positions: jax.Array,
-        mask: jax.Array,
-        targets: jax.Array,
-        chunk: int,
-        with_entropy: bool,
-        prompt: SharedPrompt | None = None,
-    ) -> tuple[jax.Array, jax.Array | None]:
-        """log p(targets[b, t] | tokens <= t) [B, T] float32 (and the entropy if asked).
-
-        prompt: tokens shared by consecutive rows that come before each row's input_ids (see
-        `SharedPrompt`); they run once per group, and the group's rows continue from their
-        states (see the module docstring), so the group's gradient through them is summed, as if
-        each row had its own. The rows must be right-padded (their first id follows the prompt's
-        last one).
-        """
-        if prompt is None:
-            hidden, _ = self(input_ids, positions, mask)
-        else:
-            hidden = self._after_prompt(input_ids, positions, mask, prompt)
-        w = self.output_embedding().astype(self.dtype)
-        return chunked_token_logprobs(hidden, w, targets, chunk, with_entropy)
-
     def _after_prompt(
         self, input_ids: jax.Array, positions: jax.Array, mask: jax.Array, prompt: SharedPrompt
     ) -> jax.Array:
@@ -636,13 +605,3 @@ def init_cache(
         "conv": jnp.zeros((cfg.num_linear_layers, batch, cfg.conv_kernel - 1, cfg.conv_dim), dtype),
         "state": jnp.zeros(state, jnp.float32),
     }
-
-
-def init_params(
-    cfg: Qwen35Config, rng: jax.Array, param_dtype: Any = jnp.float32, seq_len: int = 8
-) -> Params:
-    """Random parameters for tests and from-scratch models."""
-    model = Qwen35(cfg, param_dtype=param_dtype)
-    ids = jnp.zeros((1, seq_len), jnp.int32)
-    variables = model.init(rng, ids, jnp.arange(seq_len)[None], jnp.ones((1, seq_len), bool))
-    return variables["params"]
