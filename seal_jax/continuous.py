@@ -91,10 +91,11 @@ class ContinuousRollout:
                 f"slots ({slots}) must be a positive multiple of the engine's batch shards "
                 f"({engine.batch_shards})"
             )
-        self.engine, self.params, self.slots = engine, params, slots
+        self.engine, self.slots = engine, slots
+        self.params = engine.decoding_params(params)
         self.seed, self.first_row = seed, first_row
         self.refill = refill or max(1, slots // 8)
-        self._layout = rollout_lib.params_layout(params)
+        self._layout = rollout_lib.params_layout(self.params)
         self._episodes: dict[int, _Episode] = {}
         self._queue: list[tuple[list[int], list[int]]] = []  # (prompt, rows not yet in slots)
         self._holder: list[int] = [-1] * slots  # the row in each slot, -1: free

@@ -62,10 +62,11 @@ from absl import logging
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from seal_jax.models.architectures import init_cache, model_class
+from seal_jax.models.architectures import decoding_module, init_cache
 from seal_jax.models.config import Qwen35Config, QwenConfig
 from seal_jax.models.layers import Cache
 from seal_jax.models.qwen35 import CACHE_AXES_35
+from seal_jax.models.qwen_llama import unstack_layers
 from seal_jax.sampler import SamplingParams, sample
 from seal_jax.sharding import BATCH_AXES
 from seal_jax.weight_sync import SamplingLayout
@@ -94,6 +95,10 @@ class EngineConfig:
         batching's programs over some slots do not pad to it; `seal_jax.continuous`.)
       min_prefill_width: narrowest prefill piece (a power of two), for the same reason.
       cache_dtype: dtype of cached keys and values (default: the compute dtype).
+      unstack_layers: decode a dense model from per-layer copies of its layer weights
+        (`qwen_llama.unstack_layers`, made once per rollout): XLA's CPU compiler copies each
+        layer's weights out of the stacked ones per token, which is half a CPU decode step.
+        None: on CPU meshes only (TPU and GPU read the stack in place).
     """
 
     context_limit: int
@@ -106,6 +111,7 @@ class EngineConfig:
     min_batch: int = 1
     min_prefill_width: int = 1
     cache_dtype: Any = None
+    unstack_layers: bool | None = None
 
     def __post_init__(self) -> None:
         if not 0 < self.max_new_tokens < self.context_limit:
@@ -216,7 +222,7 @@ def prefill(
     Returns the cache and the next-token logits [B, V] float32 after each row's last new token
     (the given `logits` [B, V] where lengths == 0).
     """
-    model = model_class(cfg)(cfg, dtype=compute_dtype)
+    model = decoding_module(cfg, params, compute_dtype)
     t = ids.shape[1]
     positions = cache["index"][:, None] + jnp.arange(t)
     mask = jnp.arange(t) < lengths[:, None]
@@ -249,7 +255,7 @@ def decode_segment(
     Returns the cache (all sampled tokens but each row's last are written) and
     {"ids", "sampling_logprobs", "policy_logprobs": [B, segment_len], "count": [B]}.
     """
-    model = model_class(cfg)(cfg, dtype=compute_dtype)
+    model = decoding_module(cfg, params, compute_dtype)
     b, m = logits.shape[0], segment_len
     out = {
         "ids": jnp.zeros((b, m), jnp.int32),
@@ -422,6 +428,11 @@ class RolloutEngine:
         self.cfg, self.mesh, self.config, self.layout = cfg, mesh, config, layout
         self.compute_dtype = compute_dtype
         self.cache_dtype = config.cache_dtype or compute_dtype
+        unstack = config.unstack_layers
+        if unstack is None:
+            unstack = mesh.devices.flat[0].platform == "cpu"
+        self.unstack_layers = unstack and not isinstance(cfg, Qwen35Config)
+        self._unstack = jax.jit(unstack_layers)
         self.batch_shards = int(np.prod([mesh.shape[a] for a in BATCH_AXES]))
         kv_axis = "tensor" if cfg.num_kv_heads % mesh.shape["tensor"] == 0 else None
         self._cache_sharding = {
@@ -443,7 +454,16 @@ class RolloutEngine:
     def sampling_params(self, params: Any) -> Any:
         """The parameters to start rollouts with: the sampling layout's copy of the trainer's
         params (made chip to chip), or params as they are when the engine has no layout."""
-        return self.layout.copy(params) if self.layout is not None else params
+        params = self.layout.copy(params) if self.layout is not None else params
+        return self.decoding_params(params)
+
+    def decoding_params(self, params: Any) -> Any:
+        """params as the decode programs read them: per-layer copies of the layer weights when
+        the engine unstacks them (`EngineConfig.unstack_layers`), else params themselves."""
+        if not self.unstack_layers or "layers" not in params:
+            return params
+        with jax.set_mesh(self.mesh):
+            return self._unstack(params)
 
     def start(
         self,
@@ -483,7 +503,7 @@ class RolloutEngine:
         prompts = [list(map(int, p)) for p in prompts]
         return Rollout(
             self,
-            params,
+            self.decoding_params(params),
             prompts,
             num_samples,
             row_keys(seed, range(first_row, first_row + len(prompts) * num_samples)),

@@ -21,6 +21,14 @@ def model_class(cfg: QwenConfig | Qwen35Config) -> type[nn.Module]:
     return qwen35.Qwen35 if isinstance(cfg, Qwen35Config) else qwen_llama.DenseDecoder
 
 
+def decoding_module(cfg: QwenConfig | Qwen35Config, params: Params, dtype: Any) -> nn.Module:
+    """The module that runs `params` with compute dtype `dtype`: a dense decoder's per-layer
+    parameters (`qwen_llama.unstack_layers`) run layer by layer, stacked ones as one scan."""
+    if "layers" in params:
+        return model_class(cfg)(cfg, dtype=dtype)
+    return qwen_llama.DenseDecoder(cfg, dtype=dtype, scan_layers=False)
+
+
 def init_cache(
     cfg: QwenConfig | Qwen35Config,
     batch: int,

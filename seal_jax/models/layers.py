@@ -95,23 +95,19 @@ def attention(
     v: jax.Array,
     visible: jax.Array,
     extra: tuple[jax.Array, jax.Array, jax.Array] | None = None,
-    heads_first: bool = False,
 ) -> jax.Array:
     """Grouped-query attention: q [B,T,H,D], k/v [B,S,KVH,D], visible [B,T,S] -> [B,T,H,D].
 
-    extra: a second (k, v, visible) block softmaxed jointly with the first. A cached call passes
-    the cache as the first block and its own new keys as the second, so the cache is only read
-    (never copied to splice the new keys in).
-    heads_first: k/v are [B,KVH,S,D] (the cache's layout; see the module docstring).
+    extra: a second (k, v, visible) block softmaxed jointly with the first (a shared prompt's
+    keys before the sequence's own), so neither is copied to splice them together.
     """
     b, t, h, d = q.shape
-    kv = "bksd" if heads_first else "bskd"
-    slot_axis, kvh = kv.index("s"), k.shape[kv.index("k")]
+    kvh = k.shape[2]
     q = q.reshape(b, t, kvh, h // kvh, d)
     blocks = [(k, v, visible)] + ([extra] if extra is not None else [])
     scores = []
     for k_i, _, visible_i in blocks:
-        s_i = jnp.einsum(f"btkgd,{kv}->bkgts", q, k_i, preferred_element_type=jnp.float32)
+        s_i = jnp.einsum("btkgd,bskd->bkgts", q, k_i, preferred_element_type=jnp.float32)
         # A finite minimum (not -inf) keeps fully masked padding rows finite; output unused.
         scores.append(
             jnp.where(visible_i[:, None, None], s_i * (d**-0.5), jnp.finfo(jnp.float32).min)
@@ -119,12 +115,9 @@ def attention(
     probs = jax.nn.softmax(jnp.concatenate(scores, axis=-1), axis=-1).astype(v.dtype)
     out, start = 0, 0
     for k_i, v_i, _ in blocks:
-        p_i = probs[..., start : start + k_i.shape[slot_axis]]
-        # Heads-first: XLA's CPU dot is fast with the output in the operands' (b, k) order.
-        out = out + jnp.einsum(f"bkgts,{kv}->" + ("bkgtd" if heads_first else "btkgd"), p_i, v_i)
-        start += k_i.shape[slot_axis]
-    if heads_first:
-        out = out.transpose(0, 3, 1, 2, 4)
+        p_i = probs[..., start : start + k_i.shape[1]]
+        out = out + jnp.einsum("bkgts,bskd->btkgd", p_i, v_i)
+        start += k_i.shape[1]
     return out.reshape(b, t, h, d)
 
 
@@ -291,20 +284,88 @@ def write_layer_cache(
     return buf.at[layer, rows, heads, slots].set(new, mode="drop")
 
 
+# Cache slots per block of cached attention (`live_attention`): a call reads the blocks up to its
+# rows' furthest query and no further, so its cost follows the live lengths, not the cache's size.
+KEY_BLOCK = 512
+
+
+def cached_visibility(cache_mask: jax.Array, index: jax.Array, mask: jax.Array) -> dict:
+    """What a cached call's queries may see: ctx entries "cached_mask" [B, S] (the real tokens
+    of the cache as this call leaves it: earlier slots before the write pointer, then the call's
+    own T tokens at `index`; slots from the pointer on that this call does not write are stale)
+    and "query_slot" [B, T] (each query's slot: a query sees slots up to its own). index: the
+    write pointer, scalar or [B]; mask [B, T]: the call's real tokens."""
+    slot = jnp.arange(cache_mask.shape[1])
+    earlier = cache_mask & (slot < index[..., None])
+    batch_axis, slot_axis = CACHE_AXES["mask"]
+    cached_mask = write_cache(earlier, mask, index, batch_axis, slot_axis)
+    query_slot = jnp.broadcast_to(index[..., None] + jnp.arange(mask.shape[1]), mask.shape)
+    return {"cached_mask": cached_mask, "query_slot": query_slot, "index": index}
+
+
+def live_attention(
+    q: jax.Array, k: jax.Array, v: jax.Array, key_mask: jax.Array, query_slot: jax.Array
+) -> jax.Array:
+    """Grouped-query attention of q [B,T,H,D] to the slots s of k/v [B,KVH,S,D] (heads first)
+    with key_mask[b, s] and s <= query_slot[b, t]; returns [B,T,H,D].
+
+    Online softmax over blocks of KEY_BLOCK slots in a loop that stops after the block holding
+    the largest query slot: a call costs the live length of its longest row, whatever S is (a
+    decode step at 3,000 tokens in a 12,288-slot cache reads 3,072 slots). A block is one
+    batched matrix product over (row, key head) with the query heads and tokens as its rows.
+    """
+    b, t, h, d = q.shape
+    kvh, slots = k.shape[1], k.shape[2]
+    g, block = h // kvh, min(KEY_BLOCK, slots)
+    q = q.reshape(b, t, kvh, g, d).transpose(0, 2, 3, 1, 4).reshape(b, kvh, g * t, d)
+    lowest = jnp.finfo(jnp.float32).min
+
+    def step(j: jax.Array, carry: tuple) -> tuple:
+        top, total, acc = carry  # running max [B,KVH,G,T], sum of exp, weighted values
+        # The last block may start early to stay inside the cache; slots before j * block were
+        # counted by the previous block, so they are masked here.
+        start = jnp.minimum(j * block, slots - block)
+        k_j, v_j = (jax.lax.dynamic_slice_in_dim(x, start, block, axis=2) for x in (k, v))
+        slot = start + jnp.arange(block)
+        seen = jax.lax.dynamic_slice_in_dim(key_mask, start, block, axis=1) & (slot >= j * block)
+        visible = seen[:, None, :] & (slot <= query_slot[..., None])  # [B, T, block]
+        scores = jnp.einsum("bkmd,bknd->bkmn", q, k_j, preferred_element_type=jnp.float32)
+        scores = scores.reshape(b, kvh, g, t, block) * (d**-0.5)
+        scores = jnp.where(visible[:, None, None], scores, lowest)
+        new_top = jnp.maximum(top, jnp.max(scores, axis=-1))
+        probs = jnp.exp(scores - new_top[..., None])
+        scale = jnp.exp(top - new_top)
+        total = total * scale + jnp.sum(probs, axis=-1)
+        probs = probs.reshape(b, kvh, g * t, block).astype(v.dtype)
+        pv = jnp.einsum("bkmn,bknd->bkmd", probs, v_j, preferred_element_type=jnp.float32)
+        acc = acc * scale.reshape(b, kvh, g * t, 1) + pv
+        return new_top, total, acc
+
+    init = (
+        jnp.full((b, kvh, g, t), lowest, jnp.float32),
+        jnp.zeros((b, kvh, g, t), jnp.float32),
+        jnp.zeros((b, kvh, g * t, d), jnp.float32),
+    )
+    blocks = jnp.max(query_slot) // block + 1
+    _, total, acc = jax.lax.fori_loop(0, blocks, step, init)
+    out = acc / total.reshape(b, kvh, g * t, 1)
+    out = out.reshape(b, kvh, g, t, d).transpose(0, 3, 1, 2, 4)
+    return out.reshape(b, t, h, d).astype(q.dtype)
+
+
 def cached_attention(
     q: jax.Array, k: jax.Array, v: jax.Array, cache: tuple, layer: jax.Array, ctx: dict
 ) -> tuple[jax.Array, tuple[jax.Array, jax.Array]]:
-    """One layer's attention on a cached call: q [B,T,H,D] attends to the layer's visible cached
-    slots (ctx "visible") and, causally, to the call's own keys k/v [B,T,KVH,D] (ctx
-    "visible_new"), which are written into the whole cache (k, v) [L,B,KVH,S,D] at layer `layer`
-    and slots ctx "index". Returns (output [B,T,H,D], the cache)."""
+    """One layer's attention on a cached call: the call's keys k/v [B,T,KVH,D] are written into
+    the whole cache (k, v) [L,B,KVH,S,D] at layer `layer` and slots ctx "index", then q [B,T,H,D]
+    attends to the layer's slots as ctx says (`cached_visibility`, `live_attention`). Returns
+    (output [B,T,H,D], the cache)."""
     k, v = k.swapaxes(1, 2), v.swapaxes(1, 2)  # the cache's layout
     cache = tuple(write_layer_cache(c, n, layer, ctx["index"]) for c, n in zip(cache, (k, v)))
-    # Read after the write: the written slots are not visible yet (slot >= index), so the read
-    # sees what it would have before, and needs no copy of the cache (XLA's CPU compiler copied
-    # the whole cache to read it before an in-place write). The new keys are a block of their own.
-    cached = [jax.lax.dynamic_index_in_dim(c, layer, keepdims=False) for c in cache]
-    out = attention(q, *cached, ctx["visible"], (k, v, ctx["visible_new"]), heads_first=True)
+    # Read after the write, from the carried buffers: XLA's CPU compiler copied the whole cache
+    # to read it before an in-place write.
+    keys, values = (jax.lax.dynamic_index_in_dim(c, layer, keepdims=False) for c in cache)
+    out = live_attention(q, keys, values, ctx["cached_mask"], ctx["query_slot"])
     return out, cache
 
 

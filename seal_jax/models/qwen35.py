@@ -51,6 +51,7 @@ from seal_jax.models.layers import (
     SharedPrompt,
     apply_rope,
     cached_attention,
+    cached_visibility,
     causal_attention,
     dense,
     splash_causal_attention,
@@ -544,11 +545,7 @@ class Qwen35(CausalLMHead, nn.Module):
         carried = groups = None
         if cache is not None:
             index = cache["index"]
-            slot = jnp.arange(cache["mask"].shape[1])
-            ctx["visible"] = (cache["mask"] & (slot < index[..., None]))[:, None, :]
-            causal = jnp.arange(t)[None, :] <= jnp.arange(t)[:, None]
-            ctx["visible_new"] = causal[None] & mask[:, None, :]
-            ctx["index"] = index  # where the full layers write their new keys
+            ctx.update(cached_visibility(cache["mask"], index, mask))
             carried = {name: cache[name] for name in ("k", "v", "conv", "state")}
             groups = jnp.arange(self.cfg.num_layers // len(self.cfg.layer_pattern))
         x = constrain(self.embed_tokens(input_ids), "batch", None, None)

@@ -49,6 +49,7 @@ from seal_jax.models.layers import (
     SharedPrompt,
     apply_rope,
     cached_attention,
+    cached_visibility,
     causal_attention,
     dense,
     rope_tables,
@@ -149,6 +150,11 @@ class DenseDecoder(CausalLMHead, nn.Module):
       scan_unroll: layers per iteration of the layer scan (the layer count unrolls it: faster
         training passes for a shallow model on CPU, longer compiles for a deep one; slower
         cached decoding on CPU).
+      scan_layers: run the layers as one scan over stacked parameters (`layers`, leading layer
+        axis); False runs them one by one from per-layer parameters (`layer_list_0`,
+        `layer_list_1`, ...; `unstack_layers`): XLA's CPU dots then read each weight where it
+        lies, where a scan copies every layer's weights out of the stack first (benchmarks/
+        README.md, "The engine at real prompt lengths").
     """
 
     cfg: QwenConfig
@@ -159,6 +165,7 @@ class DenseDecoder(CausalLMHead, nn.Module):
     mlp_chunk: int = 0
     scan_unroll: int = 1
     attention: str = "xla"
+    scan_layers: bool = True
 
     def setup(self) -> None:
         """Creates the embedding, the scanned layer stack, the final norm and the LM head."""
@@ -171,14 +178,18 @@ class DenseDecoder(CausalLMHead, nn.Module):
             embedding_init=nn.initializers.normal(0.02),
         )
         layer = nn.remat(DecoderLayer, prevent_cse=False) if self.remat else DecoderLayer
-        self.layers = nn.scan(
-            layer,
-            variable_axes={"params": 0},
-            split_rngs={"params": True},
-            in_axes=(0, nn.broadcast),
-            length=cfg.num_layers,
-            unroll=self.scan_unroll,
-        )(cfg, self.dtype, self.param_dtype, self.attn_chunk, self.mlp_chunk, self.attention)
+        settings = (cfg, self.dtype, self.param_dtype, self.attn_chunk, self.mlp_chunk)
+        if self.scan_layers:
+            self.layers = nn.scan(
+                layer,
+                variable_axes={"params": 0},
+                split_rngs={"params": True},
+                in_axes=(0, nn.broadcast),
+                length=cfg.num_layers,
+                unroll=self.scan_unroll,
+            )(*settings, self.attention)
+        else:
+            self.layer_list = [layer(*settings, self.attention) for _ in range(cfg.num_layers)]
         self.norm = RMSNorm(cfg.rms_norm_eps, self.dtype, self.param_dtype)
         if not cfg.tie_word_embeddings:
             self.lm_head = self.param(
@@ -203,17 +214,11 @@ class DenseDecoder(CausalLMHead, nn.Module):
             ctx = {"cos": cos, "sin": sin, "key_mask": mask}
             kv_cache = layers = None
         else:
-            # Cached slots from the write position on are being overwritten by this call.
             index = cache["index"]
-            slot = jnp.arange(cache["mask"].shape[1])
-            visible = (cache["mask"] & (slot < index[..., None]))[:, None, :]
-            causal = jnp.arange(t)[None, :] <= jnp.arange(t)[:, None]
-            visible_new = causal[None] & mask[:, None, :]
-            ctx = {"cos": cos, "sin": sin, "visible": visible, "visible_new": visible_new}
-            ctx["index"] = index  # where each layer writes its new keys
+            ctx = {"cos": cos, "sin": sin, **cached_visibility(cache["mask"], index, mask)}
             kv_cache, layers = (cache["k"], cache["v"]), jnp.arange(self.cfg.num_layers)
         x = constrain(self.embed_tokens(input_ids), "batch", None, None)
-        (x, kv_cache), _ = self.layers((x, kv_cache), layers, ctx)
+        (x, kv_cache), _ = self._run_layers((x, kv_cache), layers, ctx)
         new_cache = None
         if cache is not None:
             advance = t if index.ndim == 0 else jnp.sum(mask, axis=1, dtype=jnp.int32)
@@ -225,6 +230,17 @@ class DenseDecoder(CausalLMHead, nn.Module):
             }
         return self.norm(x), new_cache
 
+    def _run_layers(self, carry: tuple, inputs: Any, ctx: dict) -> tuple[tuple, Any]:
+        """The layers over carry, layer l taking inputs' entry l (leading axis; None: none);
+        returns (the last carry, the layers' outputs stacked)."""
+        if self.scan_layers:
+            return self.layers(carry, inputs, ctx)
+        outputs = []
+        for i, layer in enumerate(self.layer_list):
+            carry, out = layer(carry, jax.tree.map(lambda a, i=i: a[i], inputs), ctx)
+            outputs.append(out)
+        return carry, jax.tree.map(lambda *a: jnp.stack(a), *outputs)
+
     def _after_prompt(
         self, input_ids: jax.Array, positions: jax.Array, mask: jax.Array, prompt: SharedPrompt
     ) -> jax.Array:
@@ -233,7 +249,7 @@ class DenseDecoder(CausalLMHead, nn.Module):
         rows_per_prompt = input_ids.shape[0] // ids.shape[0]
         cos, sin = rope_tables(prompt_positions, self.cfg)
         ctx = {"cos": cos, "sin": sin, "key_mask": prompt_mask.astype(bool), "return_kv": ()}
-        _, (k, v) = self.layers((self.embed_tokens(ids), None), None, ctx)
+        _, (k, v) = self._run_layers((self.embed_tokens(ids), None), None, ctx)
         k, v = (jnp.repeat(a, rows_per_prompt, axis=1) for a in (k, v))  # [L, B, P, KVH, D]
         cos, sin = rope_tables(positions, self.cfg)
         ctx = {
@@ -242,7 +258,7 @@ class DenseDecoder(CausalLMHead, nn.Module):
             "key_mask": mask.astype(bool),
             "prefix_mask": jnp.repeat(prompt_mask.astype(bool), rows_per_prompt, axis=0),
         }
-        (x, _), _ = self.layers((self.embed_tokens(input_ids), None), (k, v), ctx)
+        (x, _), _ = self._run_layers((self.embed_tokens(input_ids), None), (k, v), ctx)
         return self.norm(x)
 
 
@@ -260,3 +276,12 @@ def init_cache(
         "mask": jnp.zeros((batch, length), bool),
         "index": jnp.zeros((batch,) if per_row else (), jnp.int32),
     }
+
+
+def unstack_layers(params: Any) -> Any:
+    """Parameters of a `DenseDecoder(scan_layers=False)`: the stacked `layers` entry split into
+    `layer_list_0`, `layer_list_1`, ... (one copy of the layer weights); the rest as it is."""
+    stacked = params["layers"]
+    count = jax.tree.leaves(stacked)[0].shape[0]
+    split = {f"layer_list_{i}": jax.tree.map(lambda a, i=i: a[i], stacked) for i in range(count)}
+    return {**{k: v for k, v in params.items() if k != "layers"}, **split}
