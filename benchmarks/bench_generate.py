@@ -1,13 +1,21 @@
-"""Greedy generation throughput: this engine versus transformers + torch `generate`, on CPU.
+"""Greedy generation: this engine versus transformers + torch `generate`, on CPU, side by side.
 
-Both run the same random-weight model (built with transformers, loaded into JAX from the saved
-checkpoint), float32, same prompts, exactly --new_tokens new tokens per row (no stop ids), one
-untimed warm-up run each. "jax compile s" is the time JAX spent tracing, lowering and compiling
-during the engine's warm-up run, as JAX itself reports it (`jax.monitoring` events), not the
-difference of two wall times, which contention or a warm compilation cache can make negative.
+Both run the same model (float32; a random-weight one built with transformers, or a real
+checkpoint: --checkpoint), the same random prompts, exactly N new tokens per row (no stop ids),
+one untimed warm-up run each. Per row of the table: B rows of P-token prompts, N new tokens, the
+engine's context limit (default P + N + 1); the engine's time is split into its prefill and
+decode programs. "jax compile s" is the time JAX spent tracing, lowering and compiling during the
+engine's warm-up run, as JAX itself reports it (`jax.monitoring` events). The first line gives the
+machine's float32 matmul rate at a prefill's shape, the yardstick of "prefill GFLOP/s" (2 x
+tokens x non-embedding parameters / prefill time).
 
     python -m benchmarks.bench_generate                      # small + qwen2.5-0.5b, batch 1 and 16
     python -m benchmarks.bench_generate --models=small --batches=1,16,64 --new_tokens=128
+    # real weights at real lengths (import the GGUF first: seal_jax.models.import_gguf)
+    python -m benchmarks.bench_generate --checkpoint=DIR --shapes=1:512:96,2:3000:96,16:512:96
+    # cost follows live lengths: one shape at several context limits (engine only)
+    python -m benchmarks.bench_generate --checkpoint=DIR --shapes=2:3000:96 \
+        --context_limits=4096,12288,32768 --skip_torch
 """
 
 from __future__ import annotations
@@ -103,66 +111,144 @@ def compile_seconds(step: Callable[[], Any]) -> float:
     return total
 
 
-def time_jax(path: str, prompts: np.ndarray, new_tokens: int) -> tuple[float, float]:
-    """(seconds for the engine's greedy generation after a warm-up run, seconds JAX spent
-    compiling during the warm-up run)."""
-    from seal_jax.models import load_hf_checkpoint
+def time_jax(model, prompts: np.ndarray, new_tokens: int, context_limit: int) -> dict:
+    """The engine's greedy generation after a warm-up run: {"total", "prefill", "decode"}
+    seconds (prefill and decode: the time in those device programs) and "compile" (seconds JAX
+    spent compiling during the warm-up run)."""
+    import jax
+
     from seal_jax.rollout import EngineConfig, RolloutEngine
     from seal_jax.sampler import SamplingParams
 
-    model = load_hf_checkpoint(path)
     config = EngineConfig(
-        context_limit=prompts.shape[1] + new_tokens + 1,
+        context_limit=context_limit,
         max_new_tokens=new_tokens,
         stop_ids=(),
         sampling=SamplingParams("greedy"),
         min_cache_len=64,
     )
     engine = RolloutEngine(model.config, model.mesh, config)
+    spent = {"prefill": 0.0, "decode": 0.0}
+    call = engine.call
+
+    def timed_call(name: str, *args: Any) -> Any:
+        start = time.perf_counter()
+        out = jax.block_until_ready(call(name, *args))
+        if name in spent:
+            spent[name] += time.perf_counter() - start
+        return out
+
+    engine.call = timed_call
 
     def generate() -> dict:
         return engine.start(model.params, prompts.tolist()).generate()
 
     compile_s = compile_seconds(generate)  # the warm-up run compiles every program
+    spent.update(prefill=0.0, decode=0.0)
     start = time.perf_counter()
     turns = generate()
     elapsed = time.perf_counter() - start
     assert all(len(t.ids) == new_tokens for t in turns.values())
-    return elapsed, compile_s
+    return {"total": elapsed, "compile": compile_s, **spent}
+
+
+def matmul_gflops(rows: int, inner: int, cols: int, repeats: int = 10) -> float:
+    """The machine's float32 rate for a plain jnp matmul [rows, inner] x [inner, cols]."""
+    import jax
+    import jax.numpy as jnp
+
+    a, b = jnp.ones((rows, inner)), jnp.ones((inner, cols))
+    matmul = jax.jit(jnp.matmul)
+    matmul(a, b).block_until_ready()
+    start = time.perf_counter()
+    for _ in range(repeats):
+        matmul(a, b).block_until_ready()
+    return 2 * rows * inner * cols * repeats / (time.perf_counter() - start) / 1e9
+
+
+def layer_parameters(config) -> int:
+    """Parameters of a model's decoder layers (what a prefill token multiplies through)."""
+    e, f = config.hidden_size, config.intermediate_size
+    attention = e * config.head_dim * (2 * config.num_heads + 2 * config.num_kv_heads)
+    return config.num_layers * (attention + 3 * e * f)
+
+
+def parse_shapes(args: argparse.Namespace) -> list[tuple[int, int, int]]:
+    """(batch, prompt, new tokens) rows: --shapes B:P:N,... or --batches x --prompt_len x
+    --new_tokens."""
+    if args.shapes:
+        return [tuple(map(int, shape.split(":"))) for shape in args.shapes.split(",")]
+    return [(b, args.prompt_len, args.new_tokens) for b in map(int, args.batches.split(","))]
+
+
+def models(args: argparse.Namespace, tmp: str):
+    """Yields (name, checkpoint dir, torch model or None) for each model to measure."""
+    import transformers
+
+    if args.checkpoint:
+        torch_model = None
+        if not args.skip_torch:
+            torch_model = transformers.AutoModelForCausalLM.from_pretrained(args.checkpoint)
+            torch_model.eval()
+        yield args.checkpoint.rstrip("/").split("/")[-1], args.checkpoint, torch_model
+        return
+    for shape in args.models.split(","):
+        path = f"{tmp}/{shape}"
+        yield shape, path, build(shape, path)
 
 
 def main() -> None:
-    """Prints the throughput table."""
+    """Prints the table."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--models", default="small,qwen2.5-0.5b")
+    parser.add_argument("--checkpoint", default="", help="a Hugging Face directory instead")
     parser.add_argument("--batches", default="1,16")
     parser.add_argument("--prompt_len", type=int, default=32)
     parser.add_argument("--new_tokens", type=int, default=32)
+    parser.add_argument("--shapes", default="", help="B:P:N,... instead of the three above")
+    parser.add_argument("--context_limits", default="", help="engine limits to try (def. P+N+1)")
+    parser.add_argument("--skip_torch", action="store_true")
     args = parser.parse_args()
     import torch
 
-    print(
-        f"torch threads {torch.get_num_threads()}; prompt {args.prompt_len}, "
-        f"new tokens {args.new_tokens}; tokens/s = batch * new tokens / wall time"
-    )
-    print(
-        f"{'model':>14} {'batch':>5} {'torch tok/s':>12} {'jax tok/s':>10} {'jax/torch':>9} "
-        f"{'jax compile s':>13} {'peak RSS GiB':>12}"
+    from seal_jax.models import load_hf_checkpoint
+
+    shapes = parse_shapes(args)
+    rows = max(b * p for b, p, _ in shapes)
+    print(f"torch threads {torch.get_num_threads()}; tokens/s = batch * new tokens / wall time")
+    header = (
+        f"{'model':>14} {'batch':>5} {'prompt':>6} {'new':>4} {'context':>7} {'torch s':>8} "
+        f"{'jax s':>7} {'jax/torch':>9} {'jax prefill s':>13} {'prefill GFLOP/s':>15} "
+        f"{'jax decode s':>12} {'decode ms/tok':>13} {'jax compile s':>13} {'peak RSS GiB':>12}"
     )
     rng = np.random.default_rng(0)
-    for shape in args.models.split(","):
-        with tempfile.TemporaryDirectory() as path:
-            model = build(shape, path)
-            for batch in map(int, args.batches.split(",")):
-                prompts = rng.integers(0, SHAPES[shape]["vocab_size"], (batch, args.prompt_len))
-                t_torch = time_torch(model, prompts, args.new_tokens)
-                t_jax, compile_s = time_jax(path, prompts, args.new_tokens)
-                n = batch * args.new_tokens
-                print(
-                    f"{shape:>14} {batch:>5} {n / t_torch:>12.1f} {n / t_jax:>10.1f} "
-                    f"{t_torch / t_jax:>9.2f} {compile_s:>13.1f} {peak_rss_gib():>12.2f}",
-                    flush=True,
-                )
+    with tempfile.TemporaryDirectory() as tmp:
+        for name, path, torch_model in models(args, tmp):
+            model = load_hf_checkpoint(path)
+            cfg = model.config
+            rate = matmul_gflops(min(rows, 8192), cfg.hidden_size, cfg.intermediate_size)
+            print(
+                f"{name}: jnp matmul [{min(rows, 8192)}, {cfg.hidden_size}] x "
+                f"[{cfg.hidden_size}, {cfg.intermediate_size}] float32: {rate:.0f} GFLOP/s"
+            )
+            print(header)
+            for batch, prompt_len, new in shapes:
+                prompts = rng.integers(0, cfg.vocab_size, (batch, prompt_len))
+                t_torch = float("nan")
+                if torch_model is not None:
+                    t_torch = time_torch(torch_model, prompts, new)
+                limits = args.context_limits or str(prompt_len + new + 1)
+                for limit in map(int, limits.split(",")):
+                    t = time_jax(model, prompts, new, limit)
+                    flops = 2 * batch * prompt_len * layer_parameters(cfg)
+                    print(
+                        f"{name:>14} {batch:>5} {prompt_len:>6} {new:>4} {limit:>7} "
+                        f"{t_torch:>8.2f} {t['total']:>7.2f} {t_torch / t['total']:>9.2f} "
+                        f"{t['prefill']:>13.2f} {flops / t['prefill'] / 1e9:>15.0f} "
+                        f"{t['decode']:>12.2f} {1e3 * t['decode'] / new:>13.1f} "
+                        f"{t['compile']:>13.1f} {peak_rss_gib():>12.2f}",
+                        flush=True,
+                    )
 
 
 if __name__ == "__main__":
