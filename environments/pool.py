@@ -62,6 +62,8 @@ class PoolConfig:
     max_worker_rss_mb: float = 0.0
 
 
+STARTUP_TIMEOUT_S = 120.0  # how long a new worker may take to start (imports on a busy machine)
+READY = "ready"  # a new worker's first message
 MEMORY_CHECK_S = 0.25  # how often a busy worker's memory is read when there is a limit
 # Failure reasons of environment faults by their opening words (`fault_kind`).
 FAULTS = {
@@ -104,6 +106,7 @@ def _worker_main(conn: object, load_task: TaskLoader, config: EpisodeConfig) -> 
     """Serves requests until told to stop: each maps episode slots to inputs."""
     for s in (signal.SIGINT, signal.SIGTERM):
         signal.signal(s, signal.SIG_IGN)
+    conn.send(READY)
     episodes: dict[int, Episode] = {}
     while True:
         command, payload = conn.recv()
@@ -175,7 +178,9 @@ class EnvPool:
             raise ValueError(f"num_workers must be >= 1, got {self.config.num_workers}")
         self._load_task = load_task
         self._context = multiprocessing.get_context("spawn")
-        self._workers = [self._start_worker() for _ in range(self.config.num_workers)]
+        self._workers = [self._spawn() for _ in range(self.config.num_workers)]
+        for worker in self._workers:  # started together, awaited in turn
+            self._await_ready(*worker)
         self._sent: list[_Request | None] = [None] * self.config.num_workers
         self._queues: list[deque[tuple[int, str]]] = [deque() for _ in self._workers]
         self._task_ids: list[str] = []
@@ -338,7 +343,7 @@ class EnvPool:
                 process.join()
         self._workers = []
 
-    def _start_worker(self) -> tuple:
+    def _spawn(self) -> tuple:
         """Starts one worker process and returns (process, connection)."""
         parent, child = self._context.Pipe()
         process = self._context.Process(
@@ -347,6 +352,24 @@ class EnvPool:
         process.start()
         child.close()
         return process, parent
+
+    def _await_ready(self, process: multiprocessing.Process, conn: object) -> None:
+        """Waits until a new worker has started (imported the task loader's modules), so that a
+        request's deadline counts only its work, not the start-up of a busy machine.
+
+        Raises:
+          RuntimeError: the worker died or did not start in STARTUP_TIMEOUT_S.
+        """
+        try:
+            if conn.poll(STARTUP_TIMEOUT_S) and conn.recv() == READY:
+                return
+        except (EOFError, OSError):
+            pass
+        process.kill()
+        raise RuntimeError(
+            f"an environment worker did not start ({_crashed(process).reason}); workers are "
+            "spawned, so a script that starts a pool needs an `if __name__ == '__main__':` guard"
+        )
 
     def _enqueue(self, episode: int, text: str) -> None:
         """Checks one step and queues it for the episode's worker (an episode a lost worker
@@ -477,7 +500,8 @@ class EnvPool:
         process.kill()
         process.join()
         conn.close()
-        self._workers[w] = self._start_worker()
+        self._workers[w] = self._spawn()
+        self._await_ready(*self._workers[w])
         on_the_way = self._pending - {b for b, _, _ in self._finished}
         for b in range(w, len(self._task_ids), len(self._workers)):
             if b in self._results:

@@ -86,6 +86,7 @@ class Checkpointer:
             self.directory,
             options=ocp.CheckpointManagerOptions(
                 preservation_policy=policy,
+                save_interval_steps=0 if read_only else 1,
                 create=not read_only,
                 read_only=read_only,
                 cleanup_tmp_directories=not read_only,  # what a killed save left behind
@@ -151,11 +152,11 @@ class Checkpointer:
             for bad, why in unreadable:
                 fate = "deleted (training writes that step again)" if discard_unreadable else "kept"
                 logging.warning(
-                    "checkpoint %d in %s does not read back (%s): restored step %d instead; %d %s",
+                    "checkpoint %d does not read back (%s): restored step %d of %s instead; %d %s",
                     bad,
-                    self.directory,
                     why,
                     step,
+                    self.directory,
                     bad,
                     fate,
                 )

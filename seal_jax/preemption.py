@@ -176,5 +176,5 @@ def agreed() -> bool:
 
 
 def signal_name() -> str:
-    """The first stop signal's name, or "a stop on another host"."""
-    return _STOP.signal or "a stop on another host"
+    """The first stop signal's name, or "another host's stop signal"."""
+    return _STOP.signal or "another host's stop signal"
