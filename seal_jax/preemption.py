@@ -150,7 +150,9 @@ def host_local(run: Callable[[], T]) -> T | str:
     all-gather to tell every host (`raise_if_abandoned`)."""
     try:
         with abandonable():
-            return run()
+            result = run()
+            check()  # a signal during the rollout's last environment step abandons it too
+            return result
     except Preempted:
         if not distributed.multi_process():
             raise
