@@ -99,8 +99,12 @@ def _watch(read_fd: int) -> None:
 
 @contextlib.contextmanager
 def handling() -> Iterator[None]:
-    """Installs the SIGTERM and SIGINT handlers (main thread only) and restores the previous
-    ones on exit; a signal before this or after it keeps its default effect."""
+    """Installs the SIGTERM and SIGINT handlers and restores the previous ones on exit; a
+    signal before this or after it keeps its default effect. Off the main thread (where Python
+    cannot handle signals) it installs nothing, and signals keep their effect throughout."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
     previous = {s: signal.signal(s, _on_signal) for s in SIGNALS}
     read_fd, write_fd = os.pipe()
     os.set_blocking(write_fd, False)

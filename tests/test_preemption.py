@@ -113,3 +113,22 @@ def test_a_killed_and_a_hung_worker_fail_only_their_episodes(suite_model, tmp_pa
     # Worker 0 held episodes 0 and 2 of the 4; the others finished as usual.
     assert faults[1]["worker_crashed"] == 2 and sum(faults[1].values()) == 2
     assert faults[2]["worker_timed_out"] == 2 and sum(faults[2].values()) == 2
+
+
+def test_a_signal_is_only_recorded_until_an_abandonable_block_checks_it():
+    """In one process: the handler records SIGTERM and nothing else; `check` raises only inside
+    an `abandonable` block (also one entered later); the previous handler comes back after."""
+    before = signal.getsignal(signal.SIGTERM)
+    with preemption.handling():
+        assert not preemption.requested()
+        os.kill(os.getpid(), signal.SIGTERM)
+        assert preemption.requested() and preemption.agreed()
+        preemption.check()  # outside a block: nothing
+        with pytest.raises(preemption.Preempted, match="abandoned"), preemption.abandonable():
+            pass  # entering the block checks at once
+        with pytest.raises(preemption.Preempted):
+            preemption.host_local(lambda: None)  # one process: the stop propagates
+        preemption.raise_if_abandoned([None])
+        with pytest.raises(preemption.Preempted, match="host 1 abandoned"):
+            preemption.raise_if_abandoned([None, preemption.ABANDONED])
+    assert signal.getsignal(signal.SIGTERM) is before
