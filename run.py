@@ -3,7 +3,9 @@
 Modes: train (the SEAL loop), eval (score a policy on the evaluation split), export (write a
 Hugging Face directory), compile (prove a config fits a TPU topology's memory, from the model's
 config.json alone). Every user error (bad flag, bad config value, bad checkpoint) ends in one
-line on stderr and exit code 2, never a traceback.
+line on stderr and exit code 2, never a traceback. Training stopped by SIGTERM or SIGINT (a
+preemption notice) saves its last completed step and exits with code 75 after one line saying
+what was saved (`seal_jax.preemption`); the same command continues the run.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import re
 import sys
 
 from absl import app, flags, logging
+from etils import epath
 from ml_collections import config_flags
 
 _CONFIG = config_flags.DEFINE_config_file(
@@ -82,9 +85,10 @@ def parse_flags(argv: list[str]) -> list[str]:
 
 
 def _save_resolved_config(config: object, workdir: str) -> None:
-    os.makedirs(workdir, exist_ok=True)
-    with open(os.path.join(workdir, "config.json"), "w") as f:
-        json.dump(config.to_dict(), f, indent=2, default=str)  # type: ignore[attr-defined]
+    directory = epath.Path(workdir)  # a local path or gs://
+    directory.mkdir(parents=True, exist_ok=True)
+    text = json.dumps(config.to_dict(), indent=2, default=str)  # type: ignore[attr-defined]
+    (directory / "config.json").write_text(text)
 
 
 def main(argv: list[str]) -> None:
@@ -92,7 +96,8 @@ def main(argv: list[str]) -> None:
     if len(argv) > 1:
         _fail(f"unexpected argument(s) {' '.join(argv[1:])!r}: flags are --name=value")
     from seal_jax import config as config_lib
-    from seal_jax.checkpointing import CheckpointMismatchError
+    from seal_jax import preemption
+    from seal_jax.checkpointing import CheckpointMismatchError, UnreadableCheckpointError
     from seal_jax.models import CheckpointError
 
     config = _CONFIG.value
@@ -105,7 +110,16 @@ def main(argv: list[str]) -> None:
         from seal_jax import modes
 
         modes.run(_MODE.value, config, _WORKDIR.value)
-    except (config_lib.ConfigError, CheckpointError, CheckpointMismatchError, OSError) as e:
+    except preemption.Preempted as stop:
+        logging.warning("%s", stop)
+        sys.exit(preemption.EXIT_CODE)
+    except (
+        config_lib.ConfigError,
+        CheckpointError,
+        CheckpointMismatchError,
+        UnreadableCheckpointError,
+        OSError,
+    ) as e:
         _fail(str(e))
     logging.info("done: %s", _MODE.value)
 

@@ -191,6 +191,12 @@ def base_config() -> ml_collections.ConfigDict:
     c.env.num_workers = 2  # environment worker processes per host
     c.env.max_model_calls = 20  # assistant messages per episode
     c.env.call_time_limit_s = 5.0  # wall-clock seconds one tool call may run
+    # A worker that takes longer than this to answer one request (a call stuck where the
+    # per-call limit cannot reach, e.g. in C code) is killed and replaced; its episodes fail.
+    c.env.worker_timeout_s = 120.0
+    # A worker whose resident memory grows past this many MiB (a leaking tool) is killed and
+    # replaced; its episodes fail. 0: no limit. Linux only (read from /proc).
+    c.env.worker_memory_mb = 4096.0
     # Episode semantics of training rollouts (environments/episode.py): release (the SEAL
     # release's environment; configs/qwen.py) | official (BFCL's runner) | training (schema
     # breaking calls refused, this project's option)
@@ -239,6 +245,9 @@ def base_config() -> ml_collections.ConfigDict:
     # runner)
     c.train.eval_protocols = ("official",)
     c.train.checkpoint_every = 1  # steps between checkpoints (also saved at each evaluation)
+    # Checkpoints are written while the next step runs (a save blocks only for the copy off the
+    # devices); False: each save returns once on disk (benchmarks/README.md compares the two).
+    c.train.async_checkpoints = True
     c.train.keep_checkpoints = 3  # the last K are kept, plus the best
     c.train.best_metric = "eval/mean"  # picks the best checkpoint: or eval/accuracy/<category>
     c.train.length_bucket = 256  # training batch lengths are padded to a multiple of this

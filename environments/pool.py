@@ -13,13 +13,19 @@ worker; the batched `step` is submit for every episode, then poll until all are 
 worker has at most one request in flight (two processes blocked sending big messages to each
 other would deadlock); steps queued behind it go together in its next request.
 
-If a worker dies or misses the deadline of a request, it is killed and replaced, and every
-unfinished episode it held ends as a failure with the reason recorded (steps queued for it are
-never sent); the other episodes go on.
+Faults stay with their episodes. An episode whose own code raises (its task's tool classes
+failing to start, a verifier bug) ends as a failure with the exception recorded; the worker lives
+on. A worker that dies, misses the deadline of a request (`request_timeout_s`: no step waits
+longer) or grows past `max_worker_rss_mb` is killed and replaced, and every unfinished episode it
+held ends as a failure with the reason recorded (steps queued for it are never sent); the other
+episodes go on. `fault_kind` names the fault behind a failure reason, for counting. Workers
+ignore SIGINT and SIGTERM: the pool's owner decides when they stop (`close`).
 """
 
 import contextlib
 import multiprocessing
+import os
+import signal
 import time
 from collections import deque
 from collections.abc import Callable
@@ -45,19 +51,46 @@ class PoolConfig:
       episode: settings of every episode (mode, call budget, call time limit).
       request_timeout_s: how long one worker may take to answer one request (counted from
         when it was sent) before it is killed and replaced.
+      max_worker_rss_mb: the resident memory a busy worker may reach (checked every
+        MEMORY_CHECK_S while it works) before it is killed and replaced; 0: no limit (the check
+        reads /proc, so it applies on Linux only).
     """
 
     num_workers: int = 4
     episode: EpisodeConfig = field(default_factory=EpisodeConfig)
     request_timeout_s: float = 120.0
+    max_worker_rss_mb: float = 0.0
+
+
+STARTUP_TIMEOUT_S = 120.0  # how long a new worker may take to start (imports on a busy machine)
+READY = "ready"  # a new worker's first message
+MEMORY_CHECK_S = 0.25  # how often a busy worker's memory is read when there is a limit
+# Failure reasons of environment faults by their opening words (`fault_kind`).
+FAULTS = {
+    "worker crashed": "worker_crashed",
+    "worker timed out": "worker_timed_out",
+    "worker exceeded": "worker_memory",
+    "episode raised": "episode_raised",
+}
+
+
+def fault_kind(reason: str | None) -> str | None:
+    """The environment fault behind an episode's failure reason (a value of FAULTS), or None
+    for an episode that ended by its own rules (None, "step_limit", "incomplete")."""
+    for opening, kind in FAULTS.items():
+        if reason and reason.startswith(opening):
+            return kind
+    return None
 
 
 @dataclass(frozen=True)
 class _Failure:
-    """An episode that could not go on, and why (`worker_lost`: its worker died or hung)."""
+    """An episode that could not go on, and why (`worker_lost`: its worker died, hung or grew
+    too big; `bad_task`: its task id does not load)."""
 
     reason: str
     worker_lost: bool = False
+    bad_task: bool = False
 
 
 @dataclass(frozen=True)
@@ -71,6 +104,9 @@ class _Request:
 
 def _worker_main(conn: object, load_task: TaskLoader, config: EpisodeConfig) -> None:
     """Serves requests until told to stop: each maps episode slots to inputs."""
+    for s in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(s, signal.SIG_IGN)
+    conn.send(READY)
     episodes: dict[int, Episode] = {}
     while True:
         command, payload = conn.recv()
@@ -80,10 +116,15 @@ def _worker_main(conn: object, load_task: TaskLoader, config: EpisodeConfig) -> 
             episodes.clear()
         replies = {}
         for slot, value in payload.items():
+            if command == "reset":
+                try:
+                    task = load_task(value[0])
+                except Exception as error:
+                    replies[slot] = _Failure(f"{type(error).__name__}: {error}", bad_task=True)
+                    continue
             try:
                 if command == "reset":
-                    task_id, renderer = value
-                    episodes[slot] = Episode(load_task(task_id), config, renderer)
+                    episodes[slot] = Episode(task, config, value[1])
                     replies[slot] = episodes[slot].reset()
                 elif command == "step":
                     observation, done = episodes[slot].step(value)
@@ -92,7 +133,7 @@ def _worker_main(conn: object, load_task: TaskLoader, config: EpisodeConfig) -> 
                 else:
                     replies[slot] = episodes.pop(slot).result()
             except Exception as error:  # Reported per episode; the worker lives on.
-                replies[slot] = _Failure(f"{type(error).__name__}: {error}")
+                replies[slot] = _Failure(f"episode raised {type(error).__name__}: {error}")
         conn.send(replies)
 
 
@@ -137,7 +178,9 @@ class EnvPool:
             raise ValueError(f"num_workers must be >= 1, got {self.config.num_workers}")
         self._load_task = load_task
         self._context = multiprocessing.get_context("spawn")
-        self._workers = [self._start_worker() for _ in range(self.config.num_workers)]
+        self._workers = [self._spawn() for _ in range(self.config.num_workers)]
+        for worker in self._workers:  # started together, awaited in turn
+            self._await_ready(*worker)
         self._sent: list[_Request | None] = [None] * self.config.num_workers
         self._queues: list[deque[tuple[int, str]]] = [deque() for _ in self._workers]
         self._task_ids: list[str] = []
@@ -165,8 +208,11 @@ class EnvPool:
         Args:
           task_ids: the batch's tasks (repeats allowed, e.g. G rollouts per task).
           renderer: the interface shown to the agent (default: the plain one).
+        An episode that cannot start (its worker was lost, or its task's code raised) opens
+        with [] and ends as a failure with the reason recorded.
+
         Raises:
-          ValueError: a task could not be loaded (the message names it), or steps are in flight.
+          ValueError: a task id does not load (the message names it), or steps are in flight.
         """
         if self._pending:
             raise ValueError(
@@ -180,9 +226,14 @@ class EnvPool:
         inputs = {b: (task_id, renderer) for b, task_id in enumerate(task_ids)}
         replies = self._request("reset", inputs)
         for b, reply in replies.items():
-            if isinstance(reply, _Failure) and not reply.worker_lost:
+            if isinstance(reply, _Failure) and reply.bad_task:
                 raise ValueError(f"cannot start episode for {task_ids[b]!r}: {reply.reason}")
-        if replies and all(isinstance(reply, _Failure) for reply in replies.values()):
+            if isinstance(reply, _Failure) and not reply.worker_lost:  # the episode raised
+                self._failures[b], self._dones[b] = reply.reason, True
+                self._lost.add(b)
+        if replies and all(
+            isinstance(reply, _Failure) and reply.worker_lost for reply in replies.values()
+        ):
             raise RuntimeError(
                 f"no environment worker could start an episode ({replies[0].reason}); workers "
                 "are spawned, so a script that starts a pool needs an "
@@ -292,7 +343,7 @@ class EnvPool:
                 process.join()
         self._workers = []
 
-    def _start_worker(self) -> tuple:
+    def _spawn(self) -> tuple:
         """Starts one worker process and returns (process, connection)."""
         parent, child = self._context.Pipe()
         process = self._context.Process(
@@ -301,6 +352,24 @@ class EnvPool:
         process.start()
         child.close()
         return process, parent
+
+    def _await_ready(self, process: multiprocessing.Process, conn: object) -> None:
+        """Waits until a new worker has started (imported the task loader's modules), so that a
+        request's deadline counts only its work, not the start-up of a busy machine.
+
+        Raises:
+          RuntimeError: the worker died or did not start in STARTUP_TIMEOUT_S.
+        """
+        try:
+            if conn.poll(STARTUP_TIMEOUT_S) and conn.recv() == READY:
+                return
+        except (EOFError, OSError):
+            pass
+        process.kill()
+        raise RuntimeError(
+            f"an environment worker did not start ({_crashed(process).reason}); workers are "
+            "spawned, so a script that starts a pool needs an `if __name__ == '__main__':` guard"
+        )
 
     def _enqueue(self, episode: int, text: str) -> None:
         """Checks one step and queues it for the episode's worker (an episode a lost worker
@@ -356,16 +425,36 @@ class EnvPool:
             return {}
         first_deadline = min(self._sent[w].deadline for w in busy.values())
         wait_s = max(0.0, first_deadline - time.monotonic())
+        if self.config.max_worker_rss_mb:
+            wait_s = min(wait_s, MEMORY_CHECK_S)
         ready = wait(list(busy), wait_s if timeout is None else min(wait_s, timeout))
         now = time.monotonic()
         replies = {}
         for conn, w in busy.items():
-            if conn in ready:
+            rss = self._rss_mb(w)
+            if rss > self.config.max_worker_rss_mb > 0:
+                too_big = (
+                    f"worker exceeded its memory limit ({rss:.0f} MiB resident > "
+                    f"{self.config.max_worker_rss_mb:g} MiB)"
+                )
+                replies.update(self._settle(w, _Failure(too_big, True)))
+            elif conn in ready:
                 replies.update(self._settle(w, self._receive(w)))
             elif self._sent[w].deadline <= now:
                 timed_out = f"worker timed out after {self.config.request_timeout_s} s"
                 replies.update(self._settle(w, _Failure(timed_out, True)))
         return replies
+
+    def _rss_mb(self, w: int) -> float:
+        """Worker w's resident memory in MiB (0 without a limit, off Linux, or once it is gone)."""
+        if not self.config.max_worker_rss_mb:
+            return 0.0
+        try:
+            with open(f"/proc/{self._workers[w][0].pid}/statm") as f:
+                pages = int(f.read().split()[1])
+        except (OSError, ValueError, IndexError):
+            return 0.0
+        return pages * os.sysconf("SC_PAGE_SIZE") / 2**20
 
     def _receive(self, w: int) -> object:
         """Worker w's reply, which has arrived; a _Failure if the worker died instead."""
@@ -411,7 +500,8 @@ class EnvPool:
         process.kill()
         process.join()
         conn.close()
-        self._workers[w] = self._start_worker()
+        self._workers[w] = self._spawn()
+        self._await_ready(*self._workers[w])
         on_the_way = self._pending - {b for b, _, _ in self._finished}
         for b in range(w, len(self._task_ids), len(self._workers)):
             if b in self._results:

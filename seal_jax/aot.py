@@ -21,6 +21,7 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+from etils import epath
 from jax.sharding import Mesh
 
 from seal_jax import config as config_lib
@@ -505,9 +506,8 @@ def check(
         if compiled is not None and name == "rollout_decode":
             gathers = weight_gathers_per_token(compiled.as_text(), decode_args[0])
         if compiled is not None and config.aot.dump_hlo and jax.process_index() == 0:
-            os.makedirs(os.path.join(workdir, "hlo"), exist_ok=True)
-            with open(os.path.join(workdir, "hlo", f"{name}.txt"), "w") as f:
-                f.write(compiled.as_text())
+            (epath.Path(workdir) / "hlo").mkdir(parents=True, exist_ok=True)
+            (epath.Path(workdir) / "hlo" / f"{name}.txt").write_text(compiled.as_text())
     report = _report(config, topology, devices, resident, programs)
     report["host_bytes_per_chip"] = on_host
     report["decode_weight_gathers_per_token"] = gathers
@@ -516,9 +516,8 @@ def check(
         config, cfg, devices[0].device_kind, len(devices), hosts, gathers.get("bytes", 0)
     )
     if jax.process_index() == 0:  # every process compiles the same programs
-        os.makedirs(workdir, exist_ok=True)
-        with open(os.path.join(workdir, "compile.json"), "w") as f:
-            json.dump(report, f, indent=2)
+        epath.Path(workdir).mkdir(parents=True, exist_ok=True)
+        (epath.Path(workdir) / "compile.json").write_text(json.dumps(report, indent=2))
         print(format_table(report))
     if not report["fits"]:
         worst = max(programs, key=lambda p: p.peak_bytes)
@@ -526,7 +525,7 @@ def check(
         raise DoesNotFit(
             f"{worst.name} needs {worst.peak_bytes / GIB:.2f} GiB per chip, {over:.2f} GiB more "
             f"than the {report['hbm_bytes_per_chip'] / GIB:.2f} GiB of a {report['device_kind']} "
-            f"chip: {_advice(worst.name)} (details in {os.path.join(workdir, 'compile.json')})"
+            f"chip: {_advice(worst.name)} (details in {epath.Path(workdir) / 'compile.json'})"
         )
     return report
 

@@ -88,6 +88,11 @@ def validate(c: Any) -> None:
             f"a mini-batch of {rows} rollouts (train.mini_batch_tasks x rl.group_size) does not "
             f"split into --config.optim.grad_accum={c.optim.grad_accum} micro-batches"
         )
+    if c.env.worker_timeout_s <= 0 or c.env.worker_memory_mb < 0:
+        raise ConfigError(
+            f"--config.env.worker_timeout_s={c.env.worker_timeout_s} must be positive and "
+            f"--config.env.worker_memory_mb={c.env.worker_memory_mb} >= 0 (0: no limit)"
+        )
     if c.rollout.slots < 0:
         raise ConfigError(f"--config.rollout.slots={c.rollout.slots}: use 0 (lockstep) or more")
     if c.train.max_response_tokens < 0:

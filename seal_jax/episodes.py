@@ -29,10 +29,10 @@ import jax
 import numpy as np
 
 from environments.episode import EpisodeConfig, EpisodeResult
-from environments.pool import EnvPool, PoolConfig
+from environments.pool import FAULTS, EnvPool, PoolConfig, fault_kind
 from environments.rendering import Renderer
 from environments.sources import TaskSource
-from seal_jax import continuous, distributed, trajectories
+from seal_jax import continuous, distributed, preemption, trajectories
 from seal_jax import rollout as rollout_lib
 from seal_jax.chat import ChatFormat
 
@@ -184,6 +184,7 @@ def stream_episodes(
         stream.add(prompt, range(i * num_samples, (i + 1) * num_samples))
     in_pool: dict[int, rollout_lib.Turn] = {}  # rows whose reply the pool has: their turn
     while stream.busy:
+        preemption.check()  # a stop signal abandons a training rollout here
         t0 = time.perf_counter()
         turns = stream.step() if stream.decoding else {}
         timings["generate_s"] += time.perf_counter() - t0
@@ -247,6 +248,7 @@ def collect_episodes(
     renderer: Any = None,
     chunk_tasks: int = 0,
     slots: int = 0,
+    abandonable: bool = False,
 ) -> EpisodeBatch:
     """Every host's episodes of `task_ids` (`num_samples` each), rows in task order.
 
@@ -254,19 +256,20 @@ def collect_episodes(
     (`stream_episodes`), or, with slots=0, in lockstep chunks of `chunk_tasks` tasks (0: one
     chunk), which bounds the KV cache of one rollout. Row r of the whole batch samples as row r
     of seed `seed * 2**20` (the seed the first chunk of the first host has always used), so
-    the episodes do not depend on the host count, the chunks or the slots.
+    the episodes do not depend on the host count, the chunks or the slots. `abandonable`: a stop
+    signal abandons this host's rollout (`seal_jax.preemption.host_local`), and then every
+    host's, raising `preemption.Preempted`.
     """
     params = engine.sampling_params(params)  # on several hosts, a copy on this host's chips
     first, mine = host_share(task_ids)
     seed, g = seed * 2**20, num_samples
     common = dict(num_samples=g, seed=seed, renderer=renderer)
-    if slots:
-        local = [
-            stream_episodes(
+
+    def run_here() -> EpisodeBatch:
+        if slots:
+            return stream_episodes(
                 engine, params, chat, pool, mine, slots=slots, first_row=first * g, **common
             )
-        ]
-    else:
         chunk = chunk_tasks or len(mine)
         local = [
             generate_episodes(
@@ -280,7 +283,11 @@ def collect_episodes(
             )
             for start in range(0, len(mine), chunk)
         ]
-    gathered = distributed.allgather_objects(concatenate(local, parallel=False))
+        return concatenate(local, parallel=False)
+
+    local = preemption.host_local(run_here) if abandonable else run_here()
+    gathered = distributed.allgather_objects(local)
+    preemption.raise_if_abandoned(gathered)
     return concatenate(gathered, parallel=True)
 
 
@@ -319,14 +326,19 @@ def open_pool(source: TaskSource, env_config: Any, mode: str) -> EnvPool:
     """An environment pool over the source's tasks with `config.env`'s settings, in episode
     `mode` (environments.episode.MODES)."""
     episode = EpisodeConfig.from_config(env_config, mode)
-    return EnvPool(
-        source.load_task, PoolConfig(num_workers=env_config.num_workers, episode=episode)
+    config = PoolConfig(
+        num_workers=env_config.num_workers,
+        episode=episode,
+        request_timeout_s=env_config.worker_timeout_s,
+        max_worker_rss_mb=env_config.worker_memory_mb,
     )
+    return EnvPool(source.load_task, config)
 
 
 def rollout_metrics(batch: EpisodeBatch) -> dict:
     """Rewards, success per category, tag fractions, format-error and empty-reply rates, model
-    calls, context-limit stops and generated tokens of a batch."""
+    calls, context-limit stops, generated tokens, and the episodes that environment faults
+    ended, by kind (`environments.pool.fault_kind`), of a batch."""
     results = batch.results
     per_cat: dict[str, list[float]] = {}
     for result in results:
@@ -335,6 +347,7 @@ def rollout_metrics(batch: EpisodeBatch) -> dict:
     kinds = [k for r in results for turn in r.turn_error_kinds for k in turn]
     replies = [m for r in results for m in r.transcript if m["role"] == "assistant"]
     stops = [s.stop_reason for s in batch.sequences]
+    faults = [fault_kind(r.failure_reason) for r in results]
     return {
         "reward_mean": float(np.mean([r.reward for r in results])),
         "success": {c: float(np.mean(v)) for c, v in per_cat.items()},
@@ -344,4 +357,5 @@ def rollout_metrics(batch: EpisodeBatch) -> dict:
         "calls_per_episode": float(np.mean([r.model_calls for r in results])),
         "context_limit_fraction": stops.count(rollout_lib.CONTEXT_LIMIT) / len(stops),
         "tokens_generated": sum(int(s.loss_mask.sum()) for s in batch.sequences),
+        "env_faults": {kind: faults.count(kind) for kind in FAULTS.values()},
     }

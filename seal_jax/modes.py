@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 import jax
 import numpy as np
 from absl import logging
+from etils import epath
 
 from seal_jax import config as config_lib
 from seal_jax import report, sft, sharding
@@ -188,25 +189,43 @@ def load_policy(config: Any, path: str | None = None) -> LoadedModel:
 
 
 def _trained_params(model: LoadedModel, workdir: str) -> tuple[Any, int | None]:
-    """The newest checkpoint's parameters in workdir (and its step), or the loaded model's."""
-    checkpointer = Checkpointer(workdir)
-    try:
-        step = checkpointer.latest_step()
-        if step is None:
+    """The parameters of the newest checkpoint in workdir that reads back whole (and its step;
+    newer ones that do not are reported, not touched), or the loaded model's and None."""
+    with Checkpointer(workdir, read_only=True) as checkpointer:
+        latest = checkpointer.restore_latest(model.params, None)
+        if latest is None:
             return model.params, None
-        params, _ = checkpointer.restore_params(step, model.params)
+        step, params, _, _ = latest
+        logging.info("using checkpoint %d of %s", step, checkpointer.directory)
         return params, step
-    finally:
-        checkpointer.close()
 
 
 def _latest_step(workdir: str) -> int | None:
     """The newest checkpoint's step in workdir, or None."""
-    checkpointer = Checkpointer(workdir)
-    try:
+    with Checkpointer(workdir, read_only=True) as checkpointer:
         return checkpointer.latest_step()
-    finally:
-        checkpointer.close()
+
+
+def check_local_workdir(config: Any, mode: str, workdir: str) -> None:
+    """Raises ConfigError when a remote work directory (gs://...) is asked for something only a
+    local one holds: Hugging Face directories (model.scratch, the sft warm start, --mode=export),
+    the report's plots (train.write_report) or the extra categories' transcripts. Checkpoints,
+    metrics, config.json, compile.json and evaluation records go through etils.epath and work
+    on either."""
+    if "://" not in workdir:
+        return
+    needs = [
+        ("--mode=export", mode == "export"),
+        ("--config.model.scratch.enabled", config.model.scratch.enabled and not config.model.path),
+        (f"--config.sft.steps={config.sft.steps}", config.sft.steps > 0),
+        ("--config.train.write_report", config.train.write_report),
+        ("--config.eval.extra_categories", mode == "eval" and bool(config.eval.extra_categories)),
+    ]
+    named = [name for name, asked in needs if asked]
+    if named:
+        raise config_lib.ConfigError(
+            f"{', '.join(named)} writes files that need a local --workdir, not {workdir!r}"
+        )
 
 
 def use_compilation_cache(path: str) -> None:
@@ -233,6 +252,7 @@ def run(mode: str, config: Any, workdir: str) -> None:
     """Runs `mode` ('train', 'eval', 'export' or 'compile')."""
     from seal_jax import aot, distributed, evaluation, trainer
 
+    check_local_workdir(config, mode, workdir)
     if mode == "eval":  # an unknown extra category fails before any weight is read
         evaluation.extra_categories(config)
     use_compilation_cache(config.compilation_cache_dir)
@@ -262,10 +282,10 @@ def run(mode: str, config: Any, workdir: str) -> None:
             metrics["extra"] = evaluation.evaluate_extra(
                 run_.eval_engine, params, run_.chat, config, step or 0, out
             )
+        record = epath.Path(workdir) / name
         if jax.process_index() == 0:
-            with open(os.path.join(workdir, name), "w") as f:
-                json.dump(metrics, f, indent=2)
-        logging.info("wrote %s", os.path.join(workdir, name))
+            record.write_text(json.dumps(metrics, indent=2))
+        logging.info("wrote %s", record)
     elif mode == "export":
         params, step = _trained_params(model, workdir)
         if step is None:

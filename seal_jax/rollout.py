@@ -62,6 +62,7 @@ from absl import logging
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
+from seal_jax import preemption
 from seal_jax.models.architectures import decoding_module, init_cache
 from seal_jax.models.config import Qwen35Config, QwenConfig
 from seal_jax.models.layers import Cache
@@ -741,6 +742,7 @@ class Rollout:
         self._regroup(going, [], length)
         active = going
         while active:
+            preemption.check()  # a stop signal abandons a training rollout here
             if self.engine.batch_bucket(len(active)) < len(self._parts[0][1]):
                 self._regroup(active, [r for r in going if r not in active], length)
             self._decode_segment({r: start[r] + budgets[r] for r in active})

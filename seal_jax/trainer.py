@@ -9,11 +9,14 @@ One step (`train_one_step`):
   update      <- PPO-clip + KL on the model's tokens (`seal_jax.update`)
 Evaluation (`seal_jax.evaluation`: greedy, plain interface, official semantics) runs before
 training, every `train.eval_every` steps and at the end. Checkpoints carry everything needed to
-continue bit-for-bit; restarting the same command on the same work directory resumes.
+continue bit-for-bit; restarting the same command on the same work directory resumes. A stop
+signal (SIGTERM: a preemption notice; SIGINT) ends the run at the next safe point with the last
+completed step saved (`seal_jax.preemption`).
 """
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import hashlib
 import time
@@ -30,7 +33,7 @@ from environments.rewards import episode_rewards
 from environments.sources import TaskSource, get_source
 from environments.weighting import DiagnosisWeighting, weight_metrics
 from seal_jax import config as config_lib
-from seal_jax import distributed, episodes, evaluation, report, rl, rollout, weight_sync
+from seal_jax import distributed, episodes, evaluation, preemption, report, rl, rollout, weight_sync
 from seal_jax import update as update_lib
 from seal_jax.chat import ChatFormat, run_chat_format
 from seal_jax.checkpointing import Checkpointer
@@ -157,10 +160,15 @@ def evaluate(run: Run, params: Any, step: int) -> dict:
 
 
 def train_one_step(run: Run, state: State, pool: EnvPool, ref_params: Any) -> dict:
-    """Runs step `state.step` of SEAL and advances the state; returns the step's metrics."""
+    """Runs step `state.step` of SEAL and advances the state; returns the step's metrics.
+
+    The state changes only once the step is complete (its host parts are worked on as copies),
+    so a step abandoned midway (`seal_jax.preemption`: in its rollout or, on one host, its
+    update) leaves the state of the last completed step."""
     cfg, t_start = run.config, time.perf_counter()
+    profile, weighting, interface = copy.deepcopy((state.profile, state.weighting, state.interface))
     if state.step and state.step % steps_per_epoch(cfg, run.source) == 0:
-        state.profile.end_epoch()
+        profile.end_epoch()
 
     # Episodes: G rollouts of each of the step's tasks, through the current interface.
     task_ids = step_tasks(cfg, run.source, state.step)
@@ -172,17 +180,18 @@ def train_one_step(run: Run, state: State, pool: EnvPool, ref_params: Any) -> di
         task_ids=task_ids,
         num_samples=cfg.rl.group_size,
         seed=cfg.seed * 1_000_003 + state.step,
-        renderer=state.interface.renderer(),
+        renderer=interface.renderer(),
         chunk_tasks=cfg.rollout.micro_batch_tasks,
         slots=cfg.rollout.slots,
+        abandonable=True,
     )
 
     # Feedback: rewards -> failure profile -> utilities and weights; the interface evolves.
     rewards = episode_rewards(batch.results, cfg.rl.reward)
-    state.profile.add(batch.results, rewards)
-    state.weighting.update(state.profile)
-    state.interface.update(batch.results, state.profile)
-    weights = state.weighting.weights(batch.results)
+    profile.add(batch.results, rewards)
+    weighting.update(profile)
+    interface.update(batch.results, profile)
+    weights = weighting.weights(batch.results)
 
     # Advantages: GRPO within each task's group, scaled by the diagnosis weights.
     group_ids = np.repeat(np.arange(len(task_ids)), cfg.rl.group_size)
@@ -197,11 +206,14 @@ def train_one_step(run: Run, state: State, pool: EnvPool, ref_params: Any) -> di
     sequences = episodes.training_sequences(
         batch.sequences, run.chat, cfg.train.max_response_tokens
     )
-    state.params, state.opt_state, update = update_lib.update_policy(
-        run.updater, state.params, state.opt_state, sequences, weighted, ref_params
-    )
-    state.step += 1
+    with preemption.abandonable(collective=True):
+        params, opt_state, update = update_lib.update_policy(
+            run.updater, state.params, state.opt_state, sequences, weighted, ref_params
+        )
 
+    # The step is complete: the new state.
+    state.step, state.params, state.opt_state = state.step + 1, params, opt_state
+    state.profile, state.weighting, state.interface = profile, weighting, interface
     seconds = {"update_s": time.perf_counter() - t_update, "step_s": time.perf_counter() - t_start}
     return _step_metrics(state, batch, rewards, group_ids, weights, update, seconds)
 
@@ -256,12 +268,13 @@ def initial_state(run: Run) -> State:
 
 
 def restore_or_init(run: Run, checkpointer: Checkpointer) -> tuple[State, bool]:
-    """The state of the newest checkpoint in the work directory, or a fresh one."""
+    """The state of the newest checkpoint in the work directory that reads back whole (newer
+    ones that do not are reported and deleted: `Checkpointer.restore_latest`), or a fresh one."""
     state = initial_state(run)
-    step = checkpointer.latest_step()
-    if step is None:
+    latest = checkpointer.restore_latest(state.params, state.opt_state, discard_unreadable=True)
+    if latest is None:
         return state, False
-    params, opt_state, host = checkpointer.restore(step, state.params, state.opt_state)
+    _, params, opt_state, host = latest
     logging.info("resumed from %s at step %d", checkpointer.directory, host["step"])
     restored = State(
         host["step"],
@@ -289,23 +302,46 @@ def eval_score(evaluation: dict, key: str) -> float:
     return float(node)
 
 
-def _save(checkpointer: Checkpointer, state: State, score: float | None) -> None:
+def _save(checkpointer: Checkpointer, state: State, score: float | None) -> float:
+    """Saves the state; returns the seconds the save blocked the loop."""
     metric = float("-inf") if score is None else score
-    checkpointer.save(state.step, state.params, state.opt_state, state.host_dict(), metric)
+    return checkpointer.save(state.step, state.params, state.opt_state, state.host_dict(), metric)
 
 
 def train(config: Any, model: LoadedModel, workdir: str) -> State:
-    """Runs (or resumes) SEAL training in workdir; returns the final state."""
+    """Runs (or resumes) SEAL training in workdir; returns the final state.
+
+    Raises:
+      preemption.Preempted: a stop signal came (here or on another host); the last completed
+        step is saved and on disk, the environment pool closed, and the message says so.
+    """
     run = build(config, model, workdir)
-    checkpointer = Checkpointer(workdir, keep=config.train.keep_checkpoints)
-    writer = MetricsWriter(workdir)
-    state, resumed = restore_or_init(run, checkpointer)
+    keep, asynchronous = config.train.keep_checkpoints, config.train.async_checkpoints
+    with preemption.handling(), Checkpointer(workdir, keep, asynchronous) as checkpointer:
+        state, resumed = restore_or_init(run, checkpointer)
+        with MetricsWriter(workdir, keep_through=state.step if resumed else -1) as writer:
+            try:
+                _run_steps(run, state, resumed, checkpointer, writer)
+            except preemption.Preempted as stop:
+                saved = _save_completed(checkpointer, state)
+                raise preemption.Preempted(
+                    f"stopped by {preemption.signal_name()} at step {state.step} ({stop}): "
+                    f"{saved}; rerun the same command to continue"
+                ) from None
+    logging.info("process %d: parameter checksum %s", jax.process_index(), checksum(state.params))
+    return state
+
+
+def _run_steps(
+    run: Run, state: State, resumed: bool, checkpointer: Checkpointer, writer: MetricsWriter
+) -> None:
+    """The loop: evaluate, then step, evaluate and save until the last step (or a stop)."""
+    config = run.config
     # The frozen KL reference: the initial policy, in the compute dtype.
-    kl = config.rl.kl_coef > 0
     ref_params = None
-    if kl:
+    if config.rl.kl_coef > 0:
         on_host = config.rl.reference_on_host
-        ref_params = update_lib.frozen_reference(model.params, model.compute_dtype, on_host)
+        ref_params = update_lib.frozen_reference(run.model.params, run.model.compute_dtype, on_host)
     last = total_steps(config, run.source)
     every = config.train.eval_every  # 0 disables evaluation altogether
     if not resumed and every:
@@ -313,7 +349,7 @@ def train(config: Any, model: LoadedModel, workdir: str) -> State:
         writer.write(0, {"eval": state.last_eval})
     t0, first = time.perf_counter(), state.step
     with episodes.open_pool(run.source, config.env, config.env.train_mode) as pool:
-        while state.step < last:
+        while state.step < last and not preemption.agreed():  # every host stops at one step
             metrics = train_one_step(run, state, pool, ref_params)
             evaluated = bool(every) and (state.step % every == 0 or state.step == last)
             score = None
@@ -322,25 +358,40 @@ def train(config: Any, model: LoadedModel, workdir: str) -> State:
                 score = eval_score(state.last_eval, config.train.best_metric)
                 state.best_metric = max(state.best_metric, score)
                 metrics["eval"] = state.last_eval
-            writer.write(state.step, metrics)
-            rate = (time.perf_counter() - t0) / (state.step - first)
-            logging.info(
-                "step %d/%d reward %.3f loss %s | %.1fs/step, ETA %.0fs",
-                state.step,
-                last,
-                metrics["rollout"]["reward_mean"],
-                f"{metrics['loss']['loss']:.4f}" if metrics["loss"] else "- (no group with signal)",
-                rate,
-                rate * (last - state.step),
-            )
             if evaluated or state.step % config.train.checkpoint_every == 0:
-                _save(checkpointer, state, score)
+                metrics["time"]["checkpoint_blocking_s"] = _save(checkpointer, state, score)
+            writer.write(state.step, metrics)
+            _log_step(state.step, last, metrics, (time.perf_counter() - t0) / (state.step - first))
             if evaluated and config.train.write_report and jax.process_index() == 0:
-                report.write_report(workdir)
-    checkpointer.close()
-    writer.close()
-    logging.info("process %d: parameter checksum %s", jax.process_index(), checksum(state.params))
-    return state
+                report.write_report(run.workdir)
+    if state.step < last:
+        raise preemption.Preempted("the step in flight finished")
+
+
+def _log_step(step: int, last: int, metrics: dict, rate: float) -> None:
+    """One progress line: reward, loss, time per step, ETA, and a save's blocking time."""
+    loss = metrics["loss"]
+    saved = metrics["time"].get("checkpoint_blocking_s")
+    logging.info(
+        "step %d/%d reward %.3f loss %s | %.1fs/step, ETA %.0fs%s",
+        step,
+        last,
+        metrics["rollout"]["reward_mean"],
+        f"{loss['loss']:.4f}" if loss else "- (no group with signal)",
+        rate,
+        rate * (last - step),
+        "" if saved is None else f" | checkpoint {step}: {saved:.2f}s blocking",
+    )
+
+
+def _save_completed(checkpointer: Checkpointer, state: State) -> str:
+    """Saves the last completed step unless its checkpoint exists; says what was saved."""
+    where = f"in {checkpointer.directory}"
+    if state.step == 0:
+        return "no step was completed, nothing saved"
+    if checkpointer.latest_step() != state.step:
+        _save(checkpointer, state, None)
+    return f"checkpoint {state.step} saved {where}"
 
 
 def checksum(params: Any) -> str:

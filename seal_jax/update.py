@@ -23,7 +23,7 @@ import numpy as np
 from absl import logging
 
 from seal_jax import config as config_lib
-from seal_jax import distributed, optim, rl, sharding, train_step, trajectories
+from seal_jax import distributed, optim, preemption, rl, sharding, train_step, trajectories
 from seal_jax.models import LoadedModel, token_logprobs
 from seal_jax.rollout import TokenSequence
 
@@ -230,6 +230,7 @@ def _ppo_epochs(updater: Updater, params: Any, opt_state: Any, batch: dict) -> t
     for _ in range(cfg.train.ppo_epochs):
         for _, mini in mini_batches(updater, batch, list(batch)):
             for part in train_step.split_micro_batches(mini, cfg.optim.grad_accum, cfg.rl.loss_agg):
+                preemption.check()  # a stop signal abandons the update here (one host)
                 with jax.set_mesh(updater.mesh):
                     params, opt_state, m = updater.step_fn(params, opt_state, _put(updater, part))
                 micro.append({k: distributed.to_host(v) for k, v in m.items()})
@@ -242,6 +243,7 @@ def _forward_logprobs(updater: Updater, params: Any, batch: dict[str, np.ndarray
     keys = ("input_ids", "positions", "mask", "targets")
     out = np.zeros(batch["targets"].shape, np.float32)
     for idx, part in mini_batches(updater, batch, keys, parts=updater.config.optim.grad_accum):
+        preemption.check()
         with jax.set_mesh(updater.mesh):
             logprobs = distributed.to_host(updater.logprob_fn(params, _put(updater, part)))
         out[idx, : logprobs.shape[1]] = logprobs

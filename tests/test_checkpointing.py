@@ -1,13 +1,17 @@
-"""Checkpoint retention (last K plus the best), exact round trip, and refusals."""
+"""Checkpoint retention (last K plus the best, old ones deleted after the new one is complete),
+exact round trip, fallback past unreadable checkpoints, and refusals."""
 
 import os
+import shutil
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
+from etils import epath
 
-from seal_jax.checkpointing import Checkpointer, CheckpointMismatchError
+from seal_jax.checkpointing import Checkpointer, CheckpointMismatchError, UnreadableCheckpointError
 from seal_jax.config import ConfigError
 from seal_jax.trainer import eval_score
 
@@ -95,4 +99,90 @@ def test_round_trip_keeps_host_memory_state(tmp_path):
         assert got.sharding.memory_kind == want.sharding.memory_kind
         np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
     assert {x.sharding.memory_kind for x in jax.tree.leaves(restored.adam)} == {optim.HOST}
+    checkpointer.close()
+
+
+def _saved(tmp_path, steps, **options):
+    params, opt_state = _state()
+    checkpointer = Checkpointer(str(tmp_path), **options)
+    for step in steps:
+        scaled = jax.tree.map(lambda x, s=step: x * s, params)
+        checkpointer.save(step, scaled, opt_state, {"step": step}, float("-inf"))
+    checkpointer.wait()
+    return checkpointer
+
+
+def _break(checkpoint, how):
+    if how == "missing files":
+        shutil.rmtree(checkpoint / "params")
+    elif how == "bad json":
+        (checkpoint / "host" / "metadata").write_text('{"step": 3')
+    else:  # an item of the wrong shapes: the optimizer state's files hold the parameters
+        shutil.rmtree(checkpoint / "opt_state")
+        shutil.copytree(checkpoint / "params", checkpoint / "opt_state")
+
+
+@pytest.mark.parametrize("how", ["missing files", "bad json", "shape mismatch"])
+def test_an_unreadable_latest_checkpoint_is_reported_and_the_one_before_restored(
+    tmp_path, how, caplog
+):
+    _saved(tmp_path, [1, 2, 3]).close()
+    _break(tmp_path / "checkpoints" / "3", how)
+    # Read-only (eval, export): the bad one is reported and kept.
+    with Checkpointer(str(tmp_path), read_only=True) as reader:
+        step, params, opt_state, host = reader.restore_latest(*_state())
+    assert (step, host["step"]) == (2, 2)
+    np.testing.assert_array_equal(np.asarray(params["w"]), 2 * np.arange(6.0).reshape(2, 3))
+    assert os.path.isdir(tmp_path / "checkpoints" / "3")
+    warnings = [r.getMessage() for r in caplog.records if "does not read back" in r.getMessage()]
+    assert len(warnings) == 1 and "restored step 2" in warnings[0] and "3 kept" in warnings[0]
+    # Training deletes it, since it writes that step again.
+    with Checkpointer(str(tmp_path)) as checkpointer:
+        step, *_ = checkpointer.restore_latest(*_state(), discard_unreadable=True)
+        params, opt_state = _state()
+        checkpointer.save(3, params, opt_state, {"step": 3}, 0.0)
+    assert step == 2 and sorted(os.listdir(tmp_path / "checkpoints")) == ["1", "2", "3"]
+
+
+def test_no_readable_checkpoint_is_one_error(tmp_path):
+    _saved(tmp_path, [1]).close()
+    _break(tmp_path / "checkpoints" / "1", "bad json")
+    reader = Checkpointer(str(tmp_path), read_only=True)
+    with pytest.raises(UnreadableCheckpointError, match="no checkpoint .* reads back"):
+        reader.restore_latest(*_state())
+    with Checkpointer(str(tmp_path / "empty"), read_only=True) as reader:
+        assert reader.restore_latest(*_state()) is None
+
+
+@pytest.mark.parametrize("asynchronous", [True, False])
+def test_old_checkpoints_are_deleted_only_once_the_new_one_is_complete(tmp_path, asynchronous):
+    """keep=1: saving step 2 drops step 1, but orbax deletes it only after step 2 is final
+    (renamed from its temporary directory, every item written). The spy sits on orbax's
+    deleter, the one place a step's files are removed."""
+    checkpointer = _saved(tmp_path, [1], keep=1, asynchronous=asynchronous)
+    deleter = checkpointer.manager._checkpoint_deleter
+    seen = []
+
+    def delete_steps(steps):
+        final = tmp_path / "checkpoints" / "2"
+        items = {"params", "opt_state", "host"}
+        seen.append((list(steps), final.is_dir() and items <= set(os.listdir(final))))
+        return original(steps)
+
+    original, deleter.delete_steps = deleter.delete_steps, delete_steps
+    params, opt_state = _state()
+    blocked = checkpointer.save(2, params, opt_state, {"step": 2}, float("-inf"))
+    checkpointer.close()
+    assert blocked > 0 and seen == [([1], True)]
+    assert sorted(os.listdir(tmp_path / "checkpoints")) == ["2"]
+
+
+def test_the_directory_goes_through_epath(tmp_path):
+    """The work directory is handed to orbax as an etils.epath path (what makes gs:// work),
+    and the checkpoint reads back through the same route."""
+    checkpointer = _saved(tmp_path, [1])
+    assert isinstance(checkpointer.directory, epath.Path)
+    assert str(checkpointer.directory) == str(tmp_path / "checkpoints")
+    step, params, _, _ = checkpointer.restore_latest(*_state())
+    assert step == 1 and np.asarray(params["w"]).tolist() == [[0, 1, 2], [3, 4, 5]]
     checkpointer.close()

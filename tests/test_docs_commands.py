@@ -209,6 +209,7 @@ RUN = {
         + ("--repeats=1",)
     ),
     "benchmarks.bench_train_pass": Budget(("--lengths=64", "--batch=1", "--repeats=1")),
+    "benchmarks.bench_checkpoint": Budget(("--shape=tiny", "--steps=2", "--step_s=0")),
     "benchmarks.seal_vs_baselines": Budget(
         ("--seeds=1", "--arms=seal", "--sft_steps=1", "--max_steps=1", "--eval_every=1")
         + ("--eval_limit=4", "--batch_tasks=2", "--group_size=2", "--mini_batch_tasks=1")

@@ -1,6 +1,7 @@
 """The worker pool: batched and asynchronous episodes, agreement with `score`, crashed and hung
 workers."""
 
+import dataclasses
 import os
 import random
 import signal
@@ -11,7 +12,7 @@ import pytest
 
 from environments.bfcl import load_task, score, split_ids
 from environments.policies import NoActionPolicy, OraclePolicy, oracle_turns
-from environments.pool import EnvPool, PoolConfig
+from environments.pool import EnvPool, PoolConfig, fault_kind
 from environments.task import ToolTask
 from environments.toolcall import ToolCall, render_tool_call
 
@@ -33,6 +34,10 @@ class Machine:
     def crash(self):
         os._exit(7)
 
+    def leak(self):
+        self.kept = b"x" * (400 * 2**20)  # resident at once, unlike a lazily zeroed buffer
+        time.sleep(30)
+
     def wedge(self):
         signal.setitimer(signal.ITIMER_REAL, 0)  # Defeat the per-call limit, like C code would.
         while True:
@@ -45,7 +50,7 @@ def load_toy_task(task_id):
         raise ValueError(f"unknown toy task {task_id!r}")
     docs = [
         {"name": n, "description": n, "parameters": {"type": "dict", "properties": {}}}
-        for n in ("work", "slow", "crash", "wedge")
+        for n in ("work", "slow", "crash", "leak", "wedge")
     ]
     return ToolTask(
         task_id,
@@ -264,3 +269,40 @@ def test_a_hung_worker_fails_only_its_episodes_and_its_queued_steps(toy_pool):
     for b in (1, 3, 5):
         assert results[b].failure_reason.startswith("worker timed out after 3.0 s")
         assert results[b].turn_tags == []
+
+
+class Broken:
+    def __init__(self):
+        raise KeyError("scenario")
+
+
+def load_toy_or_broken(task_id):
+    """Like load_toy_task, but "broken_<n>" tasks have a tool class that raises on creation."""
+    if not task_id.startswith("broken_"):
+        return load_toy_task(task_id)
+    return dataclasses.replace(load_toy_task("toy_0"), task_id=task_id, classes={"Broken": Broken})
+
+
+def test_faults_stay_with_their_episodes_and_are_named():
+    """A task whose own code raises fails its episode (the worker lives on); a worker that
+    grows past its memory limit is replaced like a crashed one; fault_kind names each."""
+    config = PoolConfig(num_workers=2, request_timeout_s=20.0, max_worker_rss_mb=300)
+    with EnvPool(load_toy_or_broken, config) as pool:
+        ids = ["toy_0", "broken_1", "toy_2", "toy_3"]  # episodes 1 and 3 on worker 1
+        scripts = [[call("leak")], [], [call("work"), "Done."], [call("work"), "Done."]]
+        results, _ = play(pool, Scripted(scripts), ids)
+        reasons = [r.failure_reason for r in results]
+        # Stopped while it leaked (its call sleeps past the 20 s deadline): episode 2 was on
+        # the same worker and fails with it; episode 3 shares a worker with the raising task.
+        assert (
+            reasons[0].startswith("worker exceeded its memory limit (") and reasons[2] == reasons[0]
+        )
+        assert reasons[1] == "episode raised KeyError: 'scenario'"
+        assert [r.reward for r in results] == [0.0, 0.0, 0.0, 1.0]
+        kinds = ["worker_memory", "episode_raised", "worker_memory", None]
+        assert [fault_kind(r) for r in reasons] == kinds
+        again, _ = play(pool, Scripted([[call("work"), "Done."]] * 2), ["toy_0", "toy_1"])
+        assert [r.reward for r in again] == [1.0, 1.0]
+    assert fault_kind("worker crashed (exit code 7)") == "worker_crashed"
+    assert fault_kind("worker timed out after 3.0 s") == "worker_timed_out"
+    assert fault_kind("step_limit") is None

@@ -1,5 +1,5 @@
 """End to end: SEAL training steps through run.py, exact resume after SIGKILL, 8 devices, two
-hosts, and clear errors for bad work directories.
+hosts (one of them sent SIGTERM), and clear errors for bad work directories.
 
 Every test here runs run.py processes, each keeping one core busy (compiling, then stepping).
 The runs that depend on nothing else in the module (the BFCL runs, the 8-device comparison) go
@@ -365,19 +365,25 @@ def test_eight_devices_sharing_prompts_match_one_without(background):
     assert tokens["eight"] < tokens["one"]  # each prompt ran once for its 2 rows
 
 
-def test_two_processes_end_with_identical_parameters(suite_model, tmp_path):
-    port = 20000 + os.getpid() % 20000
+def _two_processes(model, workdir, faults=None, steps=2):
+    """Runs 2 processes of training in workdir (process 1 with `faults`, tests/fault_run.py);
+    returns [(exit code, log)] per process."""
+    port = 20000 + (os.getpid() + hash(str(workdir))) % 20000
     procs = []
     for pid in range(2):
-        cmd = _command(
-            suite_model,
-            tmp_path / "mh",
-            "--config.train.max_steps=1",
+        program = ["-m", "tests.fault_run", faults] if faults and pid == 1 else ["run.py"]
+        cmd = [
+            sys.executable,
+            *program,
+            *SUITE_ARGS,
+            f"--config.model.path={model}",
+            f"--workdir={workdir}",
+            f"--config.train.max_steps={steps}",
             "--config.distributed.enabled=True",
             f"--config.distributed.coordinator_address=127.0.0.1:{port}",
             "--config.distributed.num_processes=2",
             f"--config.distributed.process_id={pid}",
-        )
+        ]
         procs.append(
             subprocess.Popen(
                 cmd,
@@ -389,12 +395,50 @@ def test_two_processes_end_with_identical_parameters(suite_model, tmp_path):
             )
         )
     logs = [p.communicate(timeout=600)[1] for p in procs]
-    assert [p.returncode for p in procs] == [0, 0], logs[0][-2000:] + logs[1][-2000:]
-    sums = [
+    return [(p.returncode, log) for p, log in zip(procs, logs)]
+
+
+def _checksums(logs):
+    return [
         line.rsplit(" ", 1)[-1]
         for log in logs
         for line in log.splitlines()
         if "parameter checksum" in line
     ]
+
+
+@pytest.fixture(scope="module")
+def two_processes(suite_model, tmp_path_factory):
+    """An uninterrupted 2-step run of two processes: (work directory, their logs)."""
+    workdir = tmp_path_factory.mktemp("mh") / "wd"
+    results = _two_processes(suite_model, workdir)
+    assert [code for code, _ in results] == [0, 0], "".join(log[-2000:] for _, log in results)
+    return workdir, [log for _, log in results]
+
+
+def test_two_processes_end_with_identical_parameters(two_processes):
+    workdir, logs = two_processes
+    sums = _checksums(logs)
     assert len(sums) == 2 and sums[0] == sums[1]
-    assert os.path.isdir(tmp_path / "mh" / "checkpoints" / "1")
+    assert os.path.isdir(workdir / "checkpoints" / "2")
+
+
+def test_sigterm_to_one_of_two_processes_stops_both_at_one_step(
+    suite_model, two_processes, tmp_path
+):
+    """SIGTERM in process 1's rollout of step 2: process 1 abandons its share and says so in
+    the episode all-gather, so both abandon step 2, keep checkpoint 1 and exit 75; the same
+    commands again end with the uninterrupted run's parameters on both."""
+    from seal_jax import preemption
+
+    workdir = tmp_path / "wd"
+    results = _two_processes(suite_model, workdir, "sigterm_rollout:2")
+    logs = [log for _, log in results]
+    assert [code for code, _ in results] == [preemption.EXIT_CODE] * 2, logs[1][-3000:]
+    stops = [line for log in logs for line in log.splitlines() if "stopped by" in line]
+    assert len(stops) == 2 and all("at step 1" in line for line in stops), stops
+    assert "SIGTERM" in stops[1] and "host 1 abandoned the step in flight" in stops[0]
+    assert sorted(os.listdir(workdir / "checkpoints")) == ["1"]
+    results = _two_processes(suite_model, workdir)
+    assert [code for code, _ in results] == [0, 0]
+    assert _checksums(log for _, log in results) == _checksums(two_processes[1])
