@@ -35,7 +35,7 @@ def _state(shape: str) -> tuple[Any, Any, Any]:
     """(params, opt_state, jitted stand-in step) of the shape, float32, on the first device."""
     from configs.base import base_config
     from seal_jax import optim
-    from seal_jax.models.qwen import init_params
+    from seal_jax.models import init_params
 
     cfg = model_config(shape)
     params = jax.jit(lambda key: init_params(cfg, key))(jax.random.key(0))
