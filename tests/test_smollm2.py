@@ -22,6 +22,9 @@ from gguf import GGMLQuantizationType, GGUFReader
 from gguf.quants import dequantize as reference_dequantize
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
+from environments.bfcl import load_task
+from environments.episode import Episode, EpisodeConfig
+from environments.policies import oracle_turns
 from environments.rendering import Renderer
 from environments.toolcall import (
     SMOLLM2_TOOLS_FOOTER,
@@ -391,3 +394,38 @@ def test_golden_ids_of_an_episode_in_the_smollm2_format(tokenizer, gguf_tokenize
         expected.count("<|im_start|>"),
         expected.count("<|im_end|>"),
     )
+
+
+def test_rendered_episode_messages_tokenize_append_only(tokenizer):
+    """A real BFCL episode (release protocol: an error message, tool results, the next user
+    turn) appended to the live ids gives the render of its whole transcript."""
+    chat = chat_format(tokenizer)
+    episode = Episode(
+        load_task("multi_turn_base_0"),
+        EpisodeConfig(mode="release"),
+        Renderer(prompt_style="release", tool_format=chat.tool_format),
+    )
+    ids = chat.prompt_ids(episode.reset())
+    replies = (
+        "<tool_call>[cd(folder='document')]</tool_call>",
+        '<tool_call>[{"name": "cd", "arguments": {"folder": "document"}}, '
+        '{"name": "ls", "arguments": {}}]</tool_call>',
+        "Done.",
+    )
+    for reply in replies:
+        ids += chat.encode(reply) + [chat.end_of_turn_id]
+        observation, _ = episode.step(reply)
+        ids += chat.env_ids(observation)
+    roles = [m["role"] for m in episode.transcript[2:6]]
+    assert roles == ["assistant", "user", "assistant", "tool"]
+    assert ids == chat.encode(chat.render(episode.transcript, add_generation_prompt=True))
+
+
+def test_the_warm_start_oracle_writes_smollm2_calls_that_solve_the_task(tokenizer):
+    from seal_jax import sft
+
+    task = load_task("multi_turn_base_0")
+    ids, mask = sft.oracle_transcript(task, chat_format(tokenizer))
+    replies = tokenizer.decode(ids[mask])
+    first = oracle_turns(task, "smollm2")[0][0]
+    assert replies.startswith(first + "<|im_end|>") and first.startswith('<tool_call>[{"name"')
