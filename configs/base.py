@@ -31,8 +31,10 @@ def base_config() -> ml_collections.ConfigDict:
     # Chat and tool-call format (seal_jax/chat.py): auto (from the tokenizer's special tokens and
     # template) | qwen (its own template, <tool_call> JSON) | qwen35 (its own template, Qwen3.5's
     # XML calls) | llama3 (Llama 3.1 template, ToolACE's Python call lists, tool results as
-    # ipython). tool_format: auto (the chat format's) or one of environments.toolcall's
-    # TOOL_FORMATS (qwen, qwen_xml, toolace) shown to and parsed from the policy instead.
+    # ipython) | smollm2 (its own template as import_gguf writes it, SmolLM2's JSON call lists,
+    # tool results as user <tool_response> messages). tool_format: auto (the chat format's) or
+    # one of environments.toolcall's TOOL_FORMATS (qwen, qwen_xml, toolace, smollm2) shown to and
+    # parsed from the policy instead.
     c.model.chat_format = "auto"
     c.model.tool_format = "auto"
 

@@ -89,8 +89,17 @@ QWEN_XML_FORMAT_HINT = (
     "<parameter=ARGUMENT>, the value on its own line, </parameter>, then </function> and "
     "</tool_call>, each tag on its own line."
 )
-# The "unparseable" hint of each tool format that does not write JSON in <tool_call> (HINTS').
-FORMAT_HINTS = {"toolace": TOOLACE_FORMAT_HINT, "qwen_xml": QWEN_XML_FORMAT_HINT}
+# The "unparseable" hint in the `smollm2` tool format (SmolLM2's function-calling prompt).
+SMOLLM2_FORMAT_HINT = (
+    'Write all calls as one JSON list in one block: <tool_call>[{{"name": <function-name>, '
+    '"arguments": <args-json-object>}}, ...]</tool_call>, in valid JSON.'
+)
+# The "unparseable" hint of each tool format other than Qwen's one JSON object per block.
+FORMAT_HINTS = {
+    "toolace": TOOLACE_FORMAT_HINT,
+    "qwen_xml": QWEN_XML_FORMAT_HINT,
+    "smollm2": SMOLLM2_FORMAT_HINT,
+}
 HINTS = {
     "unparseable": (
         'Write each call as <tool_call>, a newline, {{"name": <function-name>, "arguments": '

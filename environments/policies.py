@@ -31,7 +31,7 @@ def _named_arguments(task: ToolTask, call: ToolCall) -> dict:
 
 def oracle_turns(task: ToolTask, tool_format: str = "qwen") -> list[list[str]]:
     """Returns, per user turn, the assistant messages that replay the ground truth, its calls
-    written in `tool_format` (`qwen` or `qwen_xml`: toolcall.render_tool_call).
+    written in `tool_format` (`qwen`, `qwen_xml` or `smollm2`: toolcall.render_tool_call).
 
     A turn with ground-truth calls gets one message per call (a later call may use an earlier
     one's result, as sending the text of a file just read does), then a final answer; a turn

@@ -15,7 +15,8 @@ Two prompt styles (PROMPT_STYLES):
 The tool format (`tool_format`, environments.toolcall.TOOL_FORMATS) is the policy's: `qwen`
 lists the tools as above, `qwen_xml` lists the same entries in Qwen3.5's tools section (before
 the task text, as its chat template does), `toolace` in ToolACE's prompt
-(toolcall.render_toolace_block).
+(toolcall.render_toolace_block), `smollm2` as one JSON list in SmolLM2's function-calling prompt
+(after the task text, as the imported chat template puts it).
 """
 
 import dataclasses

@@ -16,6 +16,13 @@
   docs as an indented JSON list whose `parameters` are named `arguments`; calls as one Python
   list `[func(a=1, b="x")]`. Model text is only ever `ast.parse`-d, and only literal nodes of a
   whitelist become values: anything else makes the call unparseable, never evaluated.
+* `smollm2`: SmolLM2-Instruct's format (the system prompt of SmolLM2-1.7B-Instruct's
+  `instructions_function_calling.md`, the function-calling data it credits being Argilla's
+  Synth-APIGen; ollama's smollm2 template renders the same): the tools as one JSON list in
+  `<tools></tools>`; the calls of a reply as one JSON list in one block,
+  `<tool_call>[{"name": ..., "arguments": {...}}, ...]</tool_call>`, `[]` for no call; tool
+  results come back in the user role as `<tool_response>\\n...\\n</tool_response>` (ollama's
+  template; seal_jax/templates/smollm2_tools.jinja). Model text is only ever `json.loads`-ed.
 """
 
 import ast
@@ -59,7 +66,31 @@ _JSON_LINE_SECTIONS = {
     "qwen_xml": (QWEN_XML_TOOLS_HEADER, QWEN_XML_TOOLS_FOOTER),
 }
 
-TOOL_FORMATS = ("qwen", "toolace", "qwen_xml")
+TOOL_FORMATS = ("qwen", "toolace", "qwen_xml", "smollm2")
+
+# SmolLM2's function-calling system prompt, around the tools' JSON list: the wording of
+# instructions_function_calling.md in the SmolLM2-1.7B-Instruct repository (model data: the
+# prompt the model was shown, kept exactly, trailing spaces included).
+SMOLLM2_TOOLS_HEADER = (
+    "You are an expert in composing functions. You are given a question and a set of possible "
+    "functions. \nBased on the question, you will need to make one or more function/tool calls "
+    "to achieve the purpose. \nIf none of the functions can be used, point it out and refuse to "
+    "answer. \nIf the given question lacks the parameters required by the function, also point "
+    "it out.\n\nYou have access to the following tools:\n<tools>"
+)
+SMOLLM2_TOOLS_FOOTER = (
+    "</tools>\n\nThe output MUST strictly adhere to the following format, and NO other text "
+    "MUST be included.\nThe example format is as follows. Please make sure the parameter type is "
+    "correct. If no function call is needed, please make the tool calls an empty list '[]'.\n"
+    '<tool_call>[\n{"name": "func_name1", "arguments": {"argument1": "value1", "argument2": '
+    '"value2"}},\n... (more tool calls as required)\n]</tool_call>'
+)
+# How a `smollm2` reply may look: what an unusable block is told.
+JSON_LIST_EXPECTED = (
+    'expected <tool_call>[{"name": ..., "arguments": {...}}, ...]</tool_call>: one JSON list of '
+    "calls"
+)
+_JSON_LIST_BLOCK = re.compile(r"<tool_call>(.*?)</tool_call>", re.DOTALL)
 
 # BFCL's default prompt-mode system prompt (bfcl_eval: `_DEFAULT_SYSTEM_PROMPT`) as the SEAL
 # release shows it to ToolACE: without its multi-turn paragraph, a period after the format.
@@ -166,9 +197,14 @@ def render_tools_block(
     qwen_xml: the same lines in Qwen3.5's section, exactly what its chat template writes for
     `tools=` between `<|im_start|>system\\n` and the system message's content.
     toolace: BFCL's prompt and the docs as the release lists them (`render_toolace_block`).
+    smollm2: SmolLM2's prompt around the tools as one JSON list (non-ASCII as for qwen), what
+    the imported chat template writes for `tools=` (seal_jax/templates/smollm2_tools.jinja).
     """
     if tool_format == "toolace":
         return render_toolace_block(tools)
+    if tool_format == "smollm2":
+        listing = json.dumps(tools, ensure_ascii=ensure_ascii)
+        return SMOLLM2_TOOLS_HEADER + listing + SMOLLM2_TOOLS_FOOTER
     if tool_format not in _JSON_LINE_SECTIONS:
         raise ValueError(f"tool_format must be one of {TOOL_FORMATS}, got {tool_format!r}")
     header, footer = _JSON_LINE_SECTIONS[tool_format]
@@ -198,6 +234,11 @@ def _decode_block(block: str, max_chars: int) -> ToolCall | str:
         item = json.loads(block)
     except (ValueError, RecursionError) as error:
         return f"invalid JSON ({error})"
+    return _call_from_json(item)
+
+
+def _call_from_json(item: Any) -> ToolCall | str:
+    """A decoded JSON value as a call {"name": ..., "arguments": {...}}, or why it is not one."""
     if not isinstance(item, dict) or "name" not in item or "arguments" not in item:
         return 'expected an object {"name": ..., "arguments": {...}}'
     arguments = item["arguments"]
@@ -241,6 +282,8 @@ def parse_reply(
         return parse_python_calls(text, max_chars)
     if tool_format == "qwen_xml":
         return parse_xml_calls(text, max_chars, schemas)
+    if tool_format == "smollm2":
+        return parse_json_list_calls(text, max_chars)
     if tool_format != "qwen":
         raise ValueError(f"tool_format must be one of {TOOL_FORMATS}, got {tool_format!r}")
     reply = ParsedReply()
@@ -274,12 +317,13 @@ def parse_release_reply(
     non-literal argument is an error here, not its source text).
     qwen_xml: `parse_xml_calls`' calls and reasons, values typed by `schemas` (parse_reply);
     the release has no parser of this format.
+    smollm2: `parse_json_list_calls`' calls and reasons (the release has no parser of it).
 
     Returns:
       (calls, errors): the calls in order, and one error text per problem found (the calls
       must not run when there is any).
     """
-    if tool_format in ("toolace", "qwen_xml"):
+    if tool_format in ("toolace", "qwen_xml", "smollm2"):
         reply = parse_reply(text, tool_format=tool_format, schemas=schemas)
         return reply.calls, reply.invalid
     if tool_format != "qwen":
@@ -313,9 +357,12 @@ def parse_release_reply(
 
 
 def render_tool_call(call: ToolCall, tool_format: str = "qwen") -> str:
-    """Returns the `<tool_call>` block a Qwen model would write for `call` in `tool_format`
-    (`qwen` or `qwen_xml`), as the chat template renders an assistant message's tool call.
-    Blocks of one message are joined by a newline."""
+    """Returns the `<tool_call>` block a model would write for `call` in `tool_format` (`qwen`,
+    `qwen_xml` or `smollm2`: a list of the one call), as the chat template renders an
+    assistant message's tool call. Blocks of one message are joined by a newline."""
+    if tool_format == "smollm2":
+        payload = json.dumps([{"name": call.name, "arguments": call.arguments}], ensure_ascii=False)
+        return f"{TOOL_CALL_OPEN}{payload}{TOOL_CALL_CLOSE}"
     if tool_format == "qwen_xml":
         parameters = "".join(
             f"<parameter={name}>\n{_parameter_text(value)}\n</parameter>\n"
@@ -323,7 +370,9 @@ def render_tool_call(call: ToolCall, tool_format: str = "qwen") -> str:
         )
         return f"<tool_call>\n<function={call.name}>\n{parameters}</function>\n</tool_call>"
     if tool_format != "qwen":
-        raise ValueError(f"render_tool_call writes qwen or qwen_xml calls, not {tool_format!r}")
+        raise ValueError(
+            f"render_tool_call writes qwen, qwen_xml or smollm2 calls, not {tool_format!r}"
+        )
     payload = json.dumps({"name": call.name, "arguments": call.arguments}, ensure_ascii=False)
     return f"<tool_call>\n{payload}\n</tool_call>"
 
@@ -334,6 +383,44 @@ def _parameter_text(value: Any) -> str:
     if isinstance(value, (dict, list, tuple)):
         return json.dumps(value, ensure_ascii=False)
     return str(value)
+
+
+def parse_json_list_calls(text: str, max_chars: int = 100_000) -> ParsedReply:
+    """Parses a `smollm2` assistant message: each `<tool_call>...</tool_call>` block holds one
+    JSON list of {"name": ..., "arguments": {...}} objects (arguments may be a JSON string of
+    an object); `[]` is no call; text outside the blocks is ignored. Text is only ever
+    `json.loads`-ed, never evaluated.
+
+    Args:
+      text: the raw assistant message.
+      max_chars: longest accepted block; longer ones are invalid.
+    Returns:
+      ParsedReply with the usable calls, one reason per unusable block or list item (and one
+      for an unclosed `<tool_call>`), and as `official_calls` the calls when everything is
+      usable.
+    """
+    reply = ParsedReply()
+    blocks = _JSON_LIST_BLOCK.findall(text)
+    for block in blocks:
+        if len(block) > max_chars:
+            reply.invalid.append(f"tool call longer than {max_chars} characters")
+            continue
+        try:
+            items = json.loads(block)
+        except (ValueError, RecursionError) as error:
+            reply.invalid.append(f"invalid JSON ({error}); {JSON_LIST_EXPECTED}")
+            continue
+        if not isinstance(items, list):
+            reply.invalid.append(f"{JSON_LIST_EXPECTED}, not a {type(items).__name__}")
+            continue
+        for item in items:
+            decoded = _call_from_json(item)
+            (reply.calls if isinstance(decoded, ToolCall) else reply.invalid).append(decoded)
+    if text.count(TOOL_CALL_OPEN) > len(blocks):
+        reply.invalid.append("a <tool_call> block is not closed with </tool_call>")
+    if not reply.invalid:
+        reply.official_calls = list(reply.calls)
+    return reply
 
 
 def parse_xml_calls(

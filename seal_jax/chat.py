@@ -28,8 +28,12 @@ and Qwen's tool format (JSON calls); `qwen35` with the tokenizer's own template 
 tool format (`qwen_xml`: `<function=NAME>` / `<parameter=ARG>` calls, also Qwen3-Coder's);
 `llama3` with this package's Llama 3.1 template (templates/llama31_tools.jinja: tool results in
 the `ipython` role, turns ending in `<|eot_id|>`, or `<|eom_id|>` when the model ends its message
-for a tool) and ToolACE's tool format (environments.toolcall). `auto` picks by the tokenizer's
-special tokens and, between the two Qwen formats, by its chat template (`detect_chat_format`).
+for a tool) and ToolACE's tool format (environments.toolcall); `smollm2` with the tokenizer's own
+template as `seal_jax.models.import_gguf` writes it for a ChatML GGUF without a tools section
+(templates/smollm2_tools.jinja: tool results as user `<tool_response>` messages) and SmolLM2's
+tool format (one JSON list of calls in `<tool_call>[...]</tool_call>`). `auto` picks by the
+tokenizer's special tokens and, between the ChatML formats, by its chat template
+(`detect_chat_format`).
 """
 
 from __future__ import annotations
@@ -39,7 +43,7 @@ from pathlib import Path
 from typing import Any
 
 _MARKER = "\u2063SEAL_TURN_MARKER\u2063"
-CHAT_FORMATS = ("auto", "qwen", "qwen35", "llama3")
+CHAT_FORMATS = ("auto", "qwen", "qwen35", "llama3", "smollm2")
 LLAMA31_TEMPLATE = Path(__file__).parent / "templates" / "llama31_tools.jinja"
 
 
@@ -141,11 +145,15 @@ _FORMAT_TOKENS = ("<|im_end|>", "<|start_header_id|>", "<|eot_id|>")
 
 def detect_chat_format(tokenizer: Any) -> str:
     """The chat format of a checkpoint's tokenizer, from its special tokens: with `<|im_end|>`,
-    `qwen35` when its chat template writes `<function=` calls (Qwen3.5, Qwen3-Coder), else
+    `qwen35` when its chat template writes `<function=` calls (Qwen3.5, Qwen3-Coder),
+    `smollm2` when it writes `<tool_call>[` call lists (SmolLM2 as imported from a GGUF), else
     `qwen`; `llama3` with `<|start_header_id|>` and `<|eot_id|>`."""
     has = {token: _token_id(tokenizer, token) is not None for token in _FORMAT_TOKENS}
     if has["<|im_end|>"]:
-        return "qwen35" if "<function=" in _template_text(tokenizer) else "qwen"
+        template = _template_text(tokenizer)
+        if "<function=" in template:
+            return "qwen35"
+        return "smollm2" if "<tool_call>[" in template else "qwen"
     if has["<|start_header_id|>"] and has["<|eot_id|>"]:
         return "llama3"
     raise ValueError(
@@ -168,6 +176,8 @@ def chat_format(tokenizer: Any, name: str = "auto", **template_kwargs: Any) -> C
         return ChatFormat(tokenizer, **template_kwargs)
     if resolved == "qwen35":
         return ChatFormat(tokenizer, tool_format="qwen_xml", **template_kwargs)
+    if resolved == "smollm2":
+        return ChatFormat(tokenizer, tool_format="smollm2", **template_kwargs)
     if resolved == "llama3":
         return ChatFormat(
             tokenizer,

@@ -141,10 +141,10 @@ def _warm_start(config: Any, path: str, out: str) -> None:
         order = np.random.default_rng(config.seed).permutation(len(ids))
         ids = [ids[i] for i in sorted(order[: config.sft.num_tasks])]
     chat = run_chat_format(model.tokenizer(), config)
-    if chat.tool_format == "toolace":  # the oracle (environments/policies.py) writes Qwen calls
+    if chat.tool_format == "toolace":  # the oracle (environments/policies.py) writes JSON calls
         raise config_lib.ConfigError(
-            f"--config.sft.steps={config.sft.steps}: the warm start's oracle writes Qwen tool "
-            f"calls (qwen, qwen_xml), not the {chat.tool_format} format of this checkpoint; use "
+            f"--config.sft.steps={config.sft.steps}: the warm start's oracle writes qwen, qwen_xml "
+            f"or smollm2 tool calls, not the {chat.tool_format} format of this checkpoint; use "
             "sft.steps=0"
         )
     tasks = [source.load_task(i) for i in ids]

@@ -25,7 +25,7 @@ from jax.sharding import Mesh
 from seal_jax import sharding
 from seal_jax.models import architectures
 from seal_jax.models.config import CheckpointError, Qwen35Config, QwenConfig, architecture_from_dir
-from seal_jax.models.safetensors_io import SafetensorsFile, open_checkpoint, write_safetensors
+from seal_jax.models.safetensors_io import SafetensorsFile, open_checkpoint, write_sharded
 
 TOKENIZER_FILES = (
     "tokenizer.json",
@@ -115,26 +115,30 @@ def param_shapes(cfg: QwenConfig | Qwen35Config, dtype: Any = jnp.float32) -> An
     )
 
 
-def _check_tensors(
-    cfg: QwenConfig | Qwen35Config, shapes: Any, tensors: dict[str, SafetensorsFile]
-) -> None:
-    """Raises CheckpointError for a missing, misshaped or unexpected tensor, naming its file."""
-    expected = set()
+def hf_tensor_shapes(cfg: QwenConfig | Qwen35Config) -> dict[str, tuple[int, ...]]:
+    """Every Hugging Face tensor the architecture needs (lm_head.weight only when untied), by
+    name, with its shape in the checkpoint's layout."""
+    shapes = {}
     names_of = tensor_names(cfg)
-    for path, leaf in _leaf_paths(shapes):
+    for path, leaf in _leaf_paths(param_shapes(cfg)):
         hf = names_of(path)
         own = leaf.shape[1:] if path[0] == "layers" else leaf.shape
-        want = tuple(reversed(own)) if hf.transpose else tuple(own)
         for name in hf.names:
-            expected.add(name)
-            if name not in tensors:
-                raise CheckpointError(f"checkpoint is missing tensor {name} (needed for {path})")
-            got = tensors[name].shape(name)
-            if got != want:
-                raise CheckpointError(
-                    f"{tensors[name].path}: tensor {name} has shape {got}, config.json implies "
-                    f"{want}"
-                )
+            shapes[name] = tuple(reversed(own)) if hf.transpose else tuple(own)
+    return shapes
+
+
+def _check_tensors(cfg: QwenConfig | Qwen35Config, tensors: dict[str, SafetensorsFile]) -> None:
+    """Raises CheckpointError for a missing, misshaped or unexpected tensor, naming its file."""
+    expected = hf_tensor_shapes(cfg)
+    for name, want in expected.items():
+        if name not in tensors:
+            raise CheckpointError(f"checkpoint is missing tensor {name}")
+        got = tensors[name].shape(name)
+        if got != want:
+            raise CheckpointError(
+                f"{tensors[name].path}: tensor {name} has shape {got}, config.json implies {want}"
+            )
     others = [
         n for n in tensors if isinstance(cfg, Qwen35Config) and n.startswith(_QWEN35_OTHER_PREFIXES)
     ]
@@ -250,7 +254,7 @@ def load_hf_checkpoint(
     tensors = open_checkpoint(path)
     mesh = mesh or sharding.single_device_mesh()
     shapes = param_shapes(cfg, dtype)
-    _check_tensors(cfg, shapes, tensors)
+    _check_tensors(cfg, tensors)
     shardings = sharding.param_shardings(shapes, mesh)
     names_of = tensor_names(cfg)
 
@@ -371,16 +375,6 @@ def save_hf_checkpoint(
             entries.append((name, shape, keys, i if stacked else None, hf.transpose))
     entries.sort(key=lambda e: e[0])
 
-    shards, current, size = [], [], 0
-    for e in entries:
-        nbytes = int(np.prod(e[1])) * np_dtype.itemsize
-        if current and size + nbytes > max_shard_bytes:
-            shards.append(current)
-            current, size = [], 0
-        current.append(e)
-        size += nbytes
-    shards.append(current)
-
     by_name = {e[0]: e for e in entries}
 
     def produce(name: str) -> np.ndarray:
@@ -390,30 +384,10 @@ def save_hf_checkpoint(
         return (arr.T if transpose else arr).astype(np_dtype)
 
     writer = jax.process_index() == 0
-    if writer:
-        os.makedirs(path, exist_ok=True)
-    names = (
-        ["model.safetensors"]
-        if len(shards) == 1
-        else [f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors" for i in range(len(shards))]
-    )
-    for fname, shard in zip(names, shards):
-        specs = [(e[0], e[1], np_dtype) for e in shard]
-        if writer:
-            write_safetensors(os.path.join(path, fname), specs, produce)
-        else:
-            for e in shard:  # still take part in the cross-process gathers
-                produce(e[0])
+    specs = [(e[0], e[1], np_dtype) for e in entries]
+    write_sharded(path, specs, produce, max_shard_bytes, write=writer)
     if not writer:
         return
-    if len(shards) > 1:
-        total = sum(int(np.prod(e[1])) * np_dtype.itemsize for e in entries)
-        index = {
-            "metadata": {"total_size": total},
-            "weight_map": {e[0]: n for n, s in zip(names, shards) for e in s},
-        }
-        with open(os.path.join(path, "model.safetensors.index.json"), "w") as f:
-            json.dump(index, f, indent=2)
     with open(os.path.join(path, "config.json"), "w") as f:
         json.dump(hf_config_dict(config, str(np_dtype)), f, indent=2)
     if tokenizer_dir:

@@ -146,3 +146,49 @@ def write_safetensors(
                 raise ValueError(f"tensor {name}: produced shape {arr.shape}, declared {shape}")
             f.write(arr.tobytes())
     os.replace(tmp, path)
+
+
+def write_sharded(
+    path: str,
+    tensors: Iterable[tuple[str, tuple[int, ...], np.dtype]],
+    produce: Callable[[str], np.ndarray],
+    max_shard_bytes: int = 4 * 1024**3,
+    write: bool = True,
+) -> None:
+    """Writes the weights of a Hugging Face directory: `model.safetensors`, or above
+    max_shard_bytes `model-0000i-of-0000n.safetensors` shards and `model.safetensors.index.json`.
+
+    `tensors` lists (name, shape, dtype) in file order; `produce(name)` returns the array, called
+    once per tensor in that order. write=False produces every tensor without writing anything
+    (a process that takes part in cross-process gathers but is not the writer).
+    """
+    tensors = list(tensors)
+    shards, current, size = [], [], 0
+    for spec in tensors:
+        nbytes = int(np.prod(spec[1], dtype=np.int64)) * np.dtype(spec[2]).itemsize
+        if current and size + nbytes > max_shard_bytes:
+            shards.append(current)
+            current, size = [], 0
+        current.append(spec)
+        size += nbytes
+    shards.append(current)
+    names = (
+        ["model.safetensors"]
+        if len(shards) == 1
+        else [f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors" for i in range(len(shards))]
+    )
+    if not write:
+        for spec in tensors:
+            produce(spec[0])
+        return
+    os.makedirs(path, exist_ok=True)
+    for fname, shard in zip(names, shards):
+        write_safetensors(os.path.join(path, fname), shard, produce)
+    if len(shards) > 1:
+        total = sum(int(np.prod(s[1], dtype=np.int64)) * np.dtype(s[2]).itemsize for s in tensors)
+        index = {
+            "metadata": {"total_size": total},
+            "weight_map": {spec[0]: n for n, shard in zip(names, shards) for spec in shard},
+        }
+        with open(os.path.join(path, "model.safetensors.index.json"), "w") as f:
+            json.dump(index, f, indent=2)
