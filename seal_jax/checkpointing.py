@@ -22,6 +22,7 @@ reported in one line and the one before it is tried.
 
 from __future__ import annotations
 
+import os
 import time
 from typing import Any
 
@@ -73,7 +74,9 @@ class Checkpointer:
         local path or a gs:// URI. `asynchronous`: saves return once the arrays are copied off
         the devices (else once on disk). `read_only` (eval, export): never writes or deletes.
         Raises OSError if a local directory is not writable."""
-        self.directory = epath.Path(workdir) / "checkpoints"
+        # orbax refuses relative paths; a gs:// path is absolute already.
+        local = "://" not in workdir
+        self.directory = epath.Path(os.path.abspath(workdir) if local else workdir) / "checkpoints"
         if not read_only:
             self.directory.mkdir(parents=True, exist_ok=True)
             probe = self.directory / f".writable.{jax.process_index()}"

@@ -18,11 +18,13 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import json
 import time
 from typing import Any
 
 import jax
 from absl import logging
+from etils import epath
 
 from environments.bfcl import extra
 from environments.rendering import Renderer
@@ -51,6 +53,7 @@ def evaluate(
     source: TaskSource,
     config: Any,
     step: int,
+    transcripts_dir: str | None = None,
 ) -> dict:
     """Runs every evaluation task once per protocol, greedily; returns the record
     (`environments.summary.by_protocol`) plus `seconds`.
@@ -59,7 +62,9 @@ def evaluate(
       engine: a greedy rollout engine; params: the policy; chat: its chat format.
       source: the tasks; config: the run's config (train.eval_limit, train.eval_batch_tasks,
         train.eval_protocols, interface.prompt_style, env settings); step: the training step,
-        for the log line.
+        for the log line and the transcripts' file name.
+      transcripts_dir: where to write every episode, one JSON line each, as
+        `step<step>_<protocol>.jsonl` (process 0; None: nowhere).
     """
     ids = eval_task_ids(source, config.train.eval_limit)
     renderer = Renderer(prompt_style=config.interface.prompt_style)
@@ -80,6 +85,8 @@ def evaluate(
                 renderer=renderer,
             )
         summaries[protocol] = summary = summarize(batch.results, source.categories)
+        if transcripts_dir is not None and jax.process_index() == 0:
+            write_transcripts(epath.Path(transcripts_dir) / f"step{step}_{protocol}.jsonl", batch)
         logging.info(
             "eval at step %d (%s protocol): mean %.4f %s (strict mean %.4f)",
             step,
@@ -89,6 +96,28 @@ def evaluate(
             summary["strict_mean"],
         )
     return {**by_protocol(summaries), "seconds": time.perf_counter() - t0}
+
+
+def write_transcripts(path: epath.Path, batch: episodes.EpisodeBatch) -> None:
+    """One JSON line per episode of batch at path: task, category, success, the tag and causes
+    of each turn, why it ended early (if it did) and every message, system prompt first."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    lines = [
+        json.dumps(
+            {
+                "id": r.task_id,
+                "category": r.category,
+                "success": r.success,
+                "turn_tags": r.turn_tags,
+                "turn_causes": [sorted(c) for c in r.turn_causes],
+                "failure_reason": r.failure_reason,
+                "transcript": r.transcript,
+            },
+            ensure_ascii=False,
+        )
+        for r in batch.results
+    ]
+    path.write_text("\n".join(lines) + "\n")
 
 
 def extra_categories(config: Any) -> tuple[list[str], dict[str, str]]:

@@ -19,6 +19,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import hashlib
+import os
 import time
 from typing import Any
 
@@ -152,8 +153,12 @@ def build(config: Any, model: LoadedModel, workdir: str) -> Run:
 
 
 def evaluate(run: Run, params: Any, step: int) -> dict:
-    """The evaluation summary of `params` (`seal_jax.evaluation.evaluate`)."""
-    return evaluation.evaluate(run.eval_engine, params, run.chat, run.source, run.config, step)
+    """The evaluation summary of `params` (`seal_jax.evaluation.evaluate`); its episodes go to
+    <workdir>/eval_transcripts."""
+    transcripts = os.path.join(run.workdir, "eval_transcripts")
+    return evaluation.evaluate(
+        run.eval_engine, params, run.chat, run.source, run.config, step, transcripts
+    )
 
 
 # ---- one step ------------------------------------------------------------------------------

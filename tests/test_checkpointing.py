@@ -51,6 +51,18 @@ def test_round_trip_is_exact_and_shapes_are_checked(tmp_path):
     checkpointer.close()
 
 
+def test_a_relative_work_directory_saves_and_restores(tmp_path, monkeypatch):
+    """run.py's default work directories are relative (workdirs/...); orbax needs absolute ones."""
+    monkeypatch.chdir(tmp_path)
+    params, opt_state = _state()
+    with Checkpointer("workdirs/run") as checkpointer:
+        checkpointer.save(1, params, opt_state, {"step": 1}, 0.0)
+        checkpointer.wait()
+        restored, _, _ = checkpointer.restore(1, *_state())
+    np.testing.assert_array_equal(np.asarray(restored["w"]), np.asarray(params["w"]))
+    assert (tmp_path / "workdirs/run/checkpoints/1").is_dir()
+
+
 def test_best_metric_key():
     evaluation = {"mean": 0.25, "accuracy": {"base": 0.5, "miss_func": 0.0}}
     assert eval_score(evaluation, "eval/mean") == 0.25
