@@ -95,11 +95,15 @@ class EngineConfig:
         a few idle rows cost less than compiling programs for batches of 1, 2, 4... (Continuous
         batching's programs over some slots do not pad to it; `seal_jax.continuous`.)
       min_prefill_width: narrowest prefill piece (a power of two), for the same reason.
-      cache_dtype: dtype of cached keys and values (default: the compute dtype).
-      unstack_layers: decode a dense model from per-layer copies of its layer weights
-        (`qwen_llama.unstack_layers`, made once per rollout): XLA's CPU compiler copies each
-        layer's weights out of the stacked ones per token, which is half a CPU decode step.
-        None: on CPU meshes only (TPU and GPU read the stack in place).
+      cache_dtype: dtype of cached keys and values (default: the compute dtype; float32 on CPU
+        meshes, where XLA converts a bfloat16 cache to float32 and back, whole, around every
+        write: 4 passes over the cache per layer and token).
+      unstack_layers: decode a dense model from a copy of its weights made once per rollout,
+        per layer (`qwen_llama.unstack_layers`) and in the compute dtype: XLA's CPU compiler
+        copies each layer's weights out of the stacked ones per token (half a float32 decode
+        step) and converts float32 weights to a bfloat16 compute dtype per token without
+        fusing the cast into the dots (80% of a bfloat16 step). None: on CPU meshes only (TPU
+        and GPU read the stack in place and fuse the cast).
     """
 
     context_limit: int
@@ -391,6 +395,16 @@ def copy_rows(cache: Cache, src: jax.Array, dst: jax.Array) -> Cache:
     return {n: x.at[(*_rows_at(n), dst)].set(rows(x, n), mode="drop") for n, x in cache.items()}
 
 
+def _decoding_copy(params: Any, dtype: Any) -> Any:
+    """params with the layer weights split per layer (`unstack_layers`) and every floating
+    array cast to `dtype`, as the model casts them before use (the same values)."""
+
+    def cast(x: jax.Array) -> jax.Array:
+        return x.astype(dtype) if jnp.issubdtype(x.dtype, jnp.floating) else x
+
+    return jax.tree.map(cast, unstack_layers(params))
+
+
 def row_keys(seed: int, rows: Sequence[int]) -> jax.Array:
     """The PRNG keys of rows `rows` of a batch sampled with `seed`: fold_in(key(seed), row).
     The sampler folds in each token's position, so a token's key depends only on (seed, row,
@@ -428,12 +442,11 @@ class RolloutEngine:
             raise ValueError("the engine's mesh must be its sampling layout's")
         self.cfg, self.mesh, self.config, self.layout = cfg, mesh, config, layout
         self.compute_dtype = compute_dtype
-        self.cache_dtype = config.cache_dtype or compute_dtype
-        unstack = config.unstack_layers
-        if unstack is None:
-            unstack = mesh.devices.flat[0].platform == "cpu"
+        on_cpu = mesh.devices.flat[0].platform == "cpu"
+        self.cache_dtype = config.cache_dtype or (jnp.float32 if on_cpu else compute_dtype)
+        unstack = on_cpu if config.unstack_layers is None else config.unstack_layers
         self.unstack_layers = unstack and not isinstance(cfg, Qwen35Config)
-        self._unstack = jax.jit(unstack_layers)
+        self._unstack = jax.jit(functools.partial(_decoding_copy, dtype=compute_dtype))
         self.batch_shards = int(np.prod([mesh.shape[a] for a in BATCH_AXES]))
         kv_axis = "tensor" if cfg.num_kv_heads % mesh.shape["tensor"] == 0 else None
         self._cache_sharding = {
@@ -459,7 +472,7 @@ class RolloutEngine:
         return self.decoding_params(params)
 
     def decoding_params(self, params: Any) -> Any:
-        """params as the decode programs read them: per-layer copies of the layer weights when
+        """params as the decode programs read them: a per-layer copy in the compute dtype when
         the engine unstacks them (`EngineConfig.unstack_layers`), else params themselves."""
         if not self.unstack_layers or "layers" not in params:
             return params
