@@ -48,7 +48,8 @@ def _loss(
 
 def main() -> None:
     """Prints one table row per (length, attention, layers)."""
-    from seal_jax.models import load_hf_checkpoint, qwen
+    from seal_jax.models import layers as model_layers
+    from seal_jax.models import load_hf_checkpoint
     from seal_jax.sft import make_tiny_policy
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -59,7 +60,7 @@ def main() -> None:
     path = tempfile.mkdtemp()
     make_tiny_policy(path)
     model = load_hf_checkpoint(path, dtype=jnp.float32, compute_dtype=jnp.float32)
-    rng, block = np.random.default_rng(0), qwen.CAUSAL_BLOCK
+    rng, block = np.random.default_rng(0), model_layers.CAUSAL_BLOCK
     print("| tokens | attention | layers | ms per pass | speed-up |")
     print("| ---: | --- | --- | ---: | ---: |")
     for length in map(int, args.lengths.split(",")):
@@ -68,7 +69,7 @@ def main() -> None:
         mask = jnp.ones(ids.shape, bool)
         baseline = None
         for attention_block in (length, block):
-            qwen.CAUSAL_BLOCK = attention_block  # read when the pass is traced
+            model_layers.CAUSAL_BLOCK = attention_block  # read when the pass is traced
             for unroll in (1, 2):
                 loss = functools.partial(_loss, model, ids, positions, mask, unroll)
                 grad_fn = jax.jit(jax.value_and_grad(loss))
@@ -77,7 +78,7 @@ def main() -> None:
                 name = "one block" if attention_block == length else f"{block}-query blocks"
                 layers = "scanned" if unroll == 1 else "unrolled"
                 print(f"| {length} | {name} | {layers} | {ms:.0f} | {baseline / ms:.2f}x |")
-    qwen.CAUSAL_BLOCK = block
+    model_layers.CAUSAL_BLOCK = block
 
 
 if __name__ == "__main__":

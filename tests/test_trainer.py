@@ -196,6 +196,12 @@ def test_eval_and_export_modes(suite_model, two_steps, tmp_path):
     assert report["num_tasks"] == 8 and len(report["accuracy"]) == 4  # round-robin categories
     assert report["strict_accuracy"].keys() == report["accuracy"].keys()
     assert all(report["strict_accuracy"][c] <= report["accuracy"][c] for c in report["accuracy"])
+    # Every episode is written out, and its verdicts are the ones the report counts.
+    episodes = read_jsonl(str(fresh / "eval_transcripts" / "step0_official.jsonl"))
+    assert len(episodes) == 8 and all(e["transcript"][0]["role"] == "system" for e in episodes)
+    for category, accuracy in report["accuracy"].items():
+        mine = [e["success"] for e in episodes if e["category"] == category]
+        assert accuracy == pytest.approx(sum(mine) / len(mine)), category
 
     workdir = tmp_path / "trained"
     shutil.copytree(two_steps, workdir)
