@@ -89,15 +89,16 @@ def compile_target(target: str, out_dir: str) -> dict:
 
 
 def provenance() -> dict:
-    """The commit (with "-dirty" when COMPILE_INPUTS differ from it), the jax, jaxlib and libtpu
-    versions, and today's date."""
+    """The last commit that changed COMPILE_INPUTS (with "-dirty" when they differ from it: a
+    commit that changes only docs leaves it alone), the jax, jaxlib and libtpu versions, and
+    today's date."""
 
     def git(*args: str) -> str:
         return subprocess.run(["git", "-C", ROOT, *args], capture_output=True, text=True).stdout
 
     dirty = "-dirty" if git("status", "--porcelain", "--", *COMPILE_INPUTS).strip() else ""
     return {
-        "commit": git("rev-parse", "--short=12", "HEAD").strip() + dirty,
+        "commit": git("log", "-1", "--format=%h", "--", *COMPILE_INPUTS).strip() + dirty,
         "versions": {p: importlib.metadata.version(p) for p in ("jax", "jaxlib", "libtpu")},
         "date": datetime.date.today().isoformat(),
     }
