@@ -38,6 +38,10 @@ COMPILE_EVENTS = (
 )
 
 SHAPES = {
+    # A tiny Qwen2 for checks on CPU (seconds).
+    "tiny": dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                 num_attention_heads=4, num_key_value_heads=2, vocab_size=512,
+                 tie_word_embeddings=True),
     # A small Qwen2: quick to run, shows per-step overheads.
     "small": dict(hidden_size=256, intermediate_size=768, num_hidden_layers=4,
                   num_attention_heads=4, num_key_value_heads=2, vocab_size=32000,
@@ -45,6 +49,10 @@ SHAPES = {
     # The shape of Qwen2.5-0.5B(-Instruct) (about 494M parameters).
     "qwen2.5-0.5b": dict(hidden_size=896, intermediate_size=4864, num_hidden_layers=24,
                          num_attention_heads=14, num_key_value_heads=2, vocab_size=151936,
+                         tie_word_embeddings=True),
+    # The shape of Qwen2.5-1.5B(-Instruct) (about 1.54B parameters).
+    "qwen2.5-1.5b": dict(hidden_size=1536, intermediate_size=8960, num_hidden_layers=28,
+                         num_attention_heads=12, num_key_value_heads=2, vocab_size=151936,
                          tie_word_embeddings=True),
 }  # fmt: skip
 
@@ -54,27 +62,34 @@ def peak_rss_gib() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
 
 
+def hf_config(shape: str):
+    """The transformers Qwen2Config of `shape` (Qwen2.5's rope theta and context)."""
+    import transformers
+
+    return transformers.Qwen2Config(
+        max_position_embeddings=32768,
+        rope_parameters={"rope_type": "default", "rope_theta": 1e6},
+        **SHAPES[shape],
+    )
+
+
 def build(shape: str, path: str):
     """Saves a random-weight transformers Qwen2 of `shape` at path; returns it."""
     import torch
     import transformers
 
     torch.manual_seed(0)
-    config = transformers.Qwen2Config(
-        max_position_embeddings=32768,
-        rope_parameters={"rope_type": "default", "rope_theta": 1e6},
-        **SHAPES[shape],
-    )
-    model = transformers.AutoModelForCausalLM.from_config(config).eval()
+    model = transformers.AutoModelForCausalLM.from_config(hf_config(shape)).eval()
     model.save_pretrained(path)
     return model
 
 
-def time_torch(model, prompts: np.ndarray, new_tokens: int) -> float:
-    """Seconds for transformers greedy `generate` (after one warm-up run)."""
+def time_torch(model, prompts: np.ndarray, new_tokens: int) -> tuple[float, np.ndarray]:
+    """Seconds for transformers greedy `generate` (after one warm-up run) on the model's
+    device, and the generated ids [B, new_tokens]."""
     import torch
 
-    ids = torch.tensor(prompts, dtype=torch.long)
+    ids = torch.tensor(prompts, dtype=torch.long, device=model.device)
     kwargs = dict(
         max_new_tokens=new_tokens,
         min_new_tokens=new_tokens,
@@ -89,7 +104,7 @@ def time_torch(model, prompts: np.ndarray, new_tokens: int) -> float:
         out = model.generate(ids, **kwargs)
         elapsed = time.perf_counter() - start
     assert out.shape[1] == prompts.shape[1] + new_tokens
-    return elapsed
+    return elapsed, out[:, prompts.shape[1] :].cpu().numpy()
 
 
 def compile_seconds(step: Callable[[], Any]) -> float:
@@ -112,9 +127,10 @@ def compile_seconds(step: Callable[[], Any]) -> float:
 
 
 def time_jax(model, prompts: np.ndarray, new_tokens: int, context_limit: int) -> dict:
-    """The engine's greedy generation after a warm-up run: {"total", "prefill", "decode"}
-    seconds (prefill and decode: the time in those device programs) and "compile" (seconds JAX
-    spent compiling during the warm-up run)."""
+    """The engine's greedy generation (in the model's compute dtype) after a warm-up run:
+    {"total", "prefill", "decode"} seconds (prefill and decode: the time in those device
+    programs), "compile" (seconds JAX spent compiling during the warm-up run) and "ids" (the
+    generated ids [B, new_tokens])."""
     import jax
 
     from seal_jax.rollout import EngineConfig, RolloutEngine
@@ -127,7 +143,7 @@ def time_jax(model, prompts: np.ndarray, new_tokens: int, context_limit: int) ->
         sampling=SamplingParams("greedy"),
         min_cache_len=64,
     )
-    engine = RolloutEngine(model.config, model.mesh, config)
+    engine = RolloutEngine(model.config, model.mesh, config, model.compute_dtype)
     spent = {"prefill": 0.0, "decode": 0.0}
     call = engine.call
 
@@ -149,7 +165,8 @@ def time_jax(model, prompts: np.ndarray, new_tokens: int, context_limit: int) ->
     turns = generate()
     elapsed = time.perf_counter() - start
     assert all(len(t.ids) == new_tokens for t in turns.values())
-    return {"total": elapsed, "compile": compile_s, **spent}
+    ids = np.array([turns[row].ids for row in sorted(turns)])
+    return {"total": elapsed, "compile": compile_s, **spent, "ids": ids}
 
 
 def matmul_gflops(rows: int, inner: int, cols: int, repeats: int = 10) -> float:
@@ -236,7 +253,7 @@ def main() -> None:
                 prompts = rng.integers(0, cfg.vocab_size, (batch, prompt_len))
                 t_torch = float("nan")
                 if torch_model is not None:
-                    t_torch = time_torch(torch_model, prompts, new)
+                    t_torch, _ = time_torch(torch_model, prompts, new)
                 limits = args.context_limits or str(prompt_len + new + 1)
                 for limit in map(int, limits.split(",")):
                     t = time_jax(model, prompts, new, limit)

@@ -79,16 +79,20 @@ def build_tiny_checkpoint(path: str, variant: str, seed: int = 0, **overrides):
 
 
 def torch_logits(model, input_ids: np.ndarray, positions: np.ndarray, mask: np.ndarray):
-    """Reference float32 logits [B, T, V] from the torch model with explicit positions and mask."""
+    """Reference float32 logits [B, T, V] from the torch model (on its device) with explicit
+    positions and mask."""
     import torch
+
+    def tensor(x: np.ndarray):
+        return torch.tensor(np.asarray(x), dtype=torch.long, device=model.device)
 
     with torch.no_grad():
         out = model(
-            input_ids=torch.tensor(input_ids, dtype=torch.long),
-            position_ids=torch.tensor(positions, dtype=torch.long),
-            attention_mask=torch.tensor(mask, dtype=torch.long),
+            input_ids=tensor(input_ids),
+            position_ids=tensor(positions),
+            attention_mask=tensor(mask),
         )
-    return out.logits.float().numpy()
+    return out.logits.float().cpu().numpy()
 
 
 def padded_batch(

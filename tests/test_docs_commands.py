@@ -102,7 +102,11 @@ SKIP = {
     r"--mode=compile$": "compiles a 7B model for a TPU topology: needs libtpu (0.7 GB, not in "
     "the test install) and about 1.5 minutes; tests/test_compile_mode.py runs --mode=compile "
     "for simulated CPU devices",
-    r"^python -m benchmarks\.compile_targets$": "needs libtpu and about 1.5 minutes per target",
+    r"^python -m benchmarks\.compile_targets( --targets=\S+)?$": "compiles TPU targets: needs "
+    "libtpu (not in the test install) and 1-10 minutes per target; tests/test_compile_tables.py "
+    "checks the docs' tables against the JSON it writes",
+    r"^python -m benchmarks\.compile_targets --render$": "rewrites the docs' tables in place; "
+    "tests/test_compile_tables.py checks that they equal what it renders",
     r"^python -m benchmarks\.bench_continuous( |$)": "compiles two schedules' programs (about "
     "a minute on 2 cores at the smallest budget, 40 for the Qwen2.5-0.5B rows); "
     "tests/test_continuous.py checks that the schedules give the same episodes",
@@ -111,9 +115,6 @@ SKIP = {
     r"benchmarks\.decode_memory_qwen35": "compiles the decode programs of three 3-7B models at "
     "three history lengths for a TPU chip: needs libtpu (not in the test install) and several "
     "minutes of compiles; tests/test_compile_mode.py checks its analytic per-row figures",
-    r"^python -m benchmarks\.compile_targets --targets=4b-": "compiles Qwen3.5-4B's TPU targets: "
-    "needs libtpu and about 9 minutes per target; tests/test_qwen35.py runs --mode=compile on a "
-    "tiny Qwen3.5 for simulated CPU devices",
     r"^python -m benchmarks\.bench_compile_cache$": "runs configs/tiny.py's run.py job twice "
     "(over 2 minutes on 2 cores even at the smallest budget); run.py training is run here by "
     "the seal_vs_baselines smoke command",
@@ -174,6 +175,15 @@ def _tfds_readable(paths: dict[str, Path], stdout: str) -> None:
     assert len(source) == 400 and tfds_builder.decode(source[0]).task_id
 
 
+def _accelerator_lines(paths: dict[str, Path], stdout: str) -> None:
+    """Every figure's line is printed, and the tiny model matches transformers."""
+    for start in ("device:", "parity float32", "parity bf16", "greedy", "train tiny", "decode"):
+        assert any(line.startswith(start) for line in stdout.splitlines()), (start, stdout)
+    assert "update_micro_step" in stdout and "rollout_decode" in stdout, stdout
+    assert re.search(r"^greedy .*: (\d+)/\1 rows identical", stdout, re.M), stdout
+    assert re.search(r"^parity float32 .*argmax agrees 100\.00%", stdout, re.M), stdout
+
+
 EVALUATE = Budget(
     flags=("--limit=2", "--num_workers=1"),
     paths=("--workdir",),
@@ -210,6 +220,7 @@ RUN = {
     ),
     "benchmarks.bench_train_pass": Budget(("--lengths=64", "--batch=1", "--repeats=1")),
     "benchmarks.bench_checkpoint": Budget(("--shape=tiny", "--steps=2", "--step_s=0")),
+    "benchmarks.bench_accelerator": Budget(("--tiny",), check=_accelerator_lines),
     "benchmarks.seal_vs_baselines": Budget(
         ("--seeds=1", "--arms=seal", "--sft_steps=1", "--max_steps=1", "--eval_every=1")
         + ("--eval_limit=4", "--batch_tasks=2", "--group_size=2", "--mini_batch_tasks=1")
