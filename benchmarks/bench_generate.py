@@ -2,12 +2,13 @@
 
 Both run the same model (float32; a random-weight one built with transformers, or a real
 checkpoint: --checkpoint), the same random prompts, exactly N new tokens per row (no stop ids),
-one untimed warm-up run each. Per row of the table: B rows of P-token prompts, N new tokens, the
-engine's context limit (default P + N + 1); the engine's time is split into its prefill and
-decode programs. "jax compile s" is the time JAX spent tracing, lowering and compiling during the
-engine's warm-up run, as JAX itself reports it (`jax.monitoring` events). The first line gives the
-machine's float32 matmul rate at a prefill's shape, the yardstick of "prefill GFLOP/s" (2 x
-tokens x non-embedding parameters / prefill time).
+one untimed warm-up run each (two new tokens for torch, which compiles nothing). Per row of the
+table: B rows of P-token prompts, N new tokens, the engine's context limit (default P + N + 1);
+the engine's time is split into its prefill and decode programs. "jax compile s" is the time JAX
+spent tracing, lowering and compiling during the engine's warm-up run, as JAX itself reports it
+(`jax.monitoring` events). The first line gives the machine's float32 matmul rate at a prefill's
+shape, the yardstick of "prefill GFLOP/s" (2 x tokens x non-embedding parameters / prefill
+time). "rows equal" counts the rows whose greedy tokens are the same in both engines.
 
     python -m benchmarks.bench_generate                      # small + qwen2.5-0.5b, batch 1 and 16
     python -m benchmarks.bench_generate --models=small --batches=1,16,64 --new_tokens=128
@@ -85,8 +86,8 @@ def build(shape: str, path: str):
 
 
 def time_torch(model, prompts: np.ndarray, new_tokens: int) -> tuple[float, np.ndarray]:
-    """Seconds for transformers greedy `generate` (after one warm-up run) on the model's
-    device, and the generated ids [B, new_tokens]."""
+    """Seconds for transformers greedy `generate` (after a two-token warm-up run) on the
+    model's device, and the generated ids [B, new_tokens]."""
     import torch
 
     ids = torch.tensor(prompts, dtype=torch.long, device=model.device)
@@ -99,7 +100,8 @@ def time_torch(model, prompts: np.ndarray, new_tokens: int) -> tuple[float, np.n
         attention_mask=torch.ones_like(ids),
     )
     with torch.no_grad():
-        model.generate(ids, **kwargs)  # warm-up
+        # Warm-up at the same shapes: torch compiles nothing, so two new tokens suffice.
+        model.generate(ids, **{**kwargs, "max_new_tokens": 2, "min_new_tokens": 2})
         start = time.perf_counter()
         out = model.generate(ids, **kwargs)
         elapsed = time.perf_counter() - start
@@ -236,7 +238,8 @@ def main() -> None:
     header = (
         f"{'model':>14} {'batch':>5} {'prompt':>6} {'new':>4} {'context':>7} {'torch s':>8} "
         f"{'jax s':>7} {'jax/torch':>9} {'jax prefill s':>13} {'prefill GFLOP/s':>15} "
-        f"{'jax decode s':>12} {'decode ms/tok':>13} {'jax compile s':>13} {'peak RSS GiB':>12}"
+        f"{'jax decode s':>12} {'decode ms/tok':>13} {'jax compile s':>13} {'peak RSS GiB':>12} "
+        f"{'rows equal':>10}"
     )
     rng = np.random.default_rng(0)
     with tempfile.TemporaryDirectory() as tmp:
@@ -251,19 +254,24 @@ def main() -> None:
             print(header)
             for batch, prompt_len, new in shapes:
                 prompts = rng.integers(0, cfg.vocab_size, (batch, prompt_len))
-                t_torch = float("nan")
+                t_torch, torch_ids = float("nan"), None
                 if torch_model is not None:
-                    t_torch, _ = time_torch(torch_model, prompts, new)
+                    t_torch, torch_ids = time_torch(torch_model, prompts, new)
                 limits = args.context_limits or str(prompt_len + new + 1)
                 for limit in map(int, limits.split(",")):
+                    if limit < prompt_len + new + 1:
+                        continue  # the engine refuses a prompt and reply that cannot fit
                     t = time_jax(model, prompts, new, limit)
                     flops = 2 * batch * prompt_len * layer_parameters(cfg)
+                    same = "-"
+                    if torch_ids is not None:
+                        same = f"{int((torch_ids == t['ids']).all(axis=1).sum())}/{batch}"
                     print(
                         f"{name:>14} {batch:>5} {prompt_len:>6} {new:>4} {limit:>7} "
                         f"{t_torch:>8.2f} {t['total']:>7.2f} {t_torch / t['total']:>9.2f} "
                         f"{t['prefill']:>13.2f} {flops / t['prefill'] / 1e9:>15.0f} "
                         f"{t['decode']:>12.2f} {1e3 * t['decode'] / new:>13.1f} "
-                        f"{t['compile']:>13.1f} {peak_rss_gib():>12.2f}",
+                        f"{t['compile']:>13.1f} {peak_rss_gib():>12.2f} {same:>10}",
                         flush=True,
                     )
 

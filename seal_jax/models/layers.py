@@ -11,6 +11,7 @@ layout").
 
 from __future__ import annotations
 
+import functools
 import math
 from typing import Any
 
@@ -287,6 +288,11 @@ def write_layer_cache(
 # Cache slots per block of cached attention (`live_attention`): a call reads the blocks up to its
 # rows' furthest query and no further, so its cost follows the live lengths, not the cache's size.
 KEY_BLOCK = 512
+# On CPU a block is a copy out of the cache (XLA's CPU dots do not read a dynamic slice in place):
+# a decode step's block costs about 3-4x reading it in place. A decode step whose live blocks
+# cover more than 1/CPU_WHOLE_CACHE_SHARE of the cache reads the whole cache instead (whose
+# size the engine's buckets keep within 1.5x of the rows' needs).
+CPU_WHOLE_CACHE_SHARE = 4
 
 
 def cached_visibility(cache_mask: jax.Array, index: jax.Array, mask: jax.Array) -> dict:
@@ -313,10 +319,39 @@ def live_attention(
     the largest query slot: a call costs the live length of its longest row, whatever S is (a
     decode step at 3,000 tokens in a 12,288-slot cache reads 3,072 slots). A block is one
     batched matrix product over (row, key head) with the query heads and tokens as its rows.
+    On CPU, see CPU_WHOLE_CACHE_SHARE.
     """
+    t, slots = q.shape[1], k.shape[2]
+    block = min(KEY_BLOCK, slots)
+    blocks = jnp.max(query_slot) // block + 1
+    looped = functools.partial(_online_softmax, block=block)
+    if t > 1 or block == slots:
+        return looped(q, k, v, key_mask, query_slot, blocks)
+    whole = functools.partial(_online_softmax, block=slots)
+
+    def cpu(*args: jax.Array) -> jax.Array:
+        few = blocks * block * CPU_WHOLE_CACHE_SHARE <= slots
+        return jax.lax.cond(few, looped, lambda *a: whole(*a[:-1], 1), *args)
+
+    return jax.lax.platform_dependent(
+        q, k, v, key_mask, query_slot, blocks, cpu=cpu, default=looped
+    )
+
+
+def _online_softmax(
+    q: jax.Array,
+    k: jax.Array,
+    v: jax.Array,
+    key_mask: jax.Array,
+    query_slot: jax.Array,
+    blocks: jax.Array,
+    *,
+    block: int,
+) -> jax.Array:
+    """`live_attention` over the first `blocks` blocks of `block` slots."""
     b, t, h, d = q.shape
     kvh, slots = k.shape[1], k.shape[2]
-    g, block = h // kvh, min(KEY_BLOCK, slots)
+    g = h // kvh
     q = q.reshape(b, t, kvh, g, d).transpose(0, 2, 3, 1, 4).reshape(b, kvh, g * t, d)
     lowest = jnp.finfo(jnp.float32).min
 
@@ -346,7 +381,6 @@ def live_attention(
         jnp.zeros((b, kvh, g, t), jnp.float32),
         jnp.zeros((b, kvh, g * t, d), jnp.float32),
     )
-    blocks = jnp.max(query_slot) // block + 1
     _, total, acc = jax.lax.fori_loop(0, blocks, step, init)
     out = acc / total.reshape(b, kvh, g * t, 1)
     out = out.reshape(b, kvh, g, t, d).transpose(0, 3, 1, 2, 4)
