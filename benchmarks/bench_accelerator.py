@@ -160,7 +160,8 @@ def greedy(path: str, torch_model: Any, sizes: Sizes) -> None:
     vocab = torch_model.config.vocab_size
     prompts = rng.integers(0, vocab, (sizes.greedy_rows, sizes.greedy_prompt))
     new = sizes.greedy_new
-    torch_s, expected = bench_generate.time_torch(torch_model, prompts, new)
+    reference = bench_generate.time_torch(torch_model, prompts, new)
+    torch_s, expected = reference["total"], reference["ids"]
     with jax.default_matmul_precision("highest"):
         run = bench_generate.time_jax(
             load_hf_checkpoint(path), prompts, new, prompts.shape[1] + new + 1

@@ -85,9 +85,10 @@ def build(shape: str, path: str):
     return model
 
 
-def time_torch(model, prompts: np.ndarray, new_tokens: int) -> tuple[float, np.ndarray]:
-    """Seconds for transformers greedy `generate` (after a two-token warm-up run) on the
-    model's device, and the generated ids [B, new_tokens]."""
+def time_torch(model, prompts: np.ndarray, new_tokens: int) -> dict:
+    """transformers greedy `generate` (after a two-token warm-up run) on the model's device:
+    {"total", "prefill"} seconds (prefill: its first forward pass, the prompt's) and "ids" (the
+    generated ids [B, new_tokens])."""
     import torch
 
     ids = torch.tensor(prompts, dtype=torch.long, device=model.device)
@@ -99,14 +100,21 @@ def time_torch(model, prompts: np.ndarray, new_tokens: int) -> tuple[float, np.n
         pad_token_id=0,
         attention_mask=torch.ones_like(ids),
     )
+    forwards = []  # (start, end) of every forward pass of the timed run
+    pre = model.register_forward_pre_hook(lambda *_: forwards.append([time.perf_counter()]))
+    post = model.register_forward_hook(lambda *_: forwards[-1].append(time.perf_counter()))
     with torch.no_grad():
         # Warm-up at the same shapes: torch compiles nothing, so two new tokens suffice.
         model.generate(ids, **{**kwargs, "max_new_tokens": 2, "min_new_tokens": 2})
+        forwards.clear()
         start = time.perf_counter()
         out = model.generate(ids, **kwargs)
         elapsed = time.perf_counter() - start
+    pre.remove()
+    post.remove()
     assert out.shape[1] == prompts.shape[1] + new_tokens
-    return elapsed, out[:, prompts.shape[1] :].cpu().numpy()
+    prefill = forwards[0][1] - forwards[0][0]
+    return {"total": elapsed, "prefill": prefill, "ids": out[:, prompts.shape[1] :].cpu().numpy()}
 
 
 def compile_seconds(step: Callable[[], Any]) -> float:
@@ -231,12 +239,15 @@ def main() -> None:
     import torch
 
     from seal_jax.models import load_hf_checkpoint
+    from seal_jax.rollout import EngineConfig
 
     shapes = parse_shapes(args)
-    rows = max(b * p for b, p, _ in shapes)
+    # The rows of one prefill call's products: a batch of prompt chunks.
+    rows = max(b * min(p, EngineConfig.prefill_chunk) for b, p, _ in shapes)
     print(f"torch threads {torch.get_num_threads()}; tokens/s = batch * new tokens / wall time")
     header = (
         f"{'model':>14} {'batch':>5} {'prompt':>6} {'new':>4} {'context':>7} {'torch s':>8} "
+        f"{'torch prefill s':>15} "
         f"{'jax s':>7} {'jax/torch':>9} {'jax prefill s':>13} {'prefill GFLOP/s':>15} "
         f"{'jax decode s':>12} {'decode ms/tok':>13} {'jax compile s':>13} {'peak RSS GiB':>12} "
         f"{'rows equal':>10}"
@@ -254,9 +265,10 @@ def main() -> None:
             print(header)
             for batch, prompt_len, new in shapes:
                 prompts = rng.integers(0, cfg.vocab_size, (batch, prompt_len))
-                t_torch, torch_ids = float("nan"), None
+                torch_t = {"total": float("nan"), "prefill": float("nan"), "ids": None}
                 if torch_model is not None:
-                    t_torch, torch_ids = time_torch(torch_model, prompts, new)
+                    torch_t = time_torch(torch_model, prompts, new)
+                t_torch, torch_ids = torch_t["total"], torch_t["ids"]
                 limits = args.context_limits or str(prompt_len + new + 1)
                 for limit in map(int, limits.split(",")):
                     if limit < prompt_len + new + 1:
@@ -268,7 +280,8 @@ def main() -> None:
                         same = f"{int((torch_ids == t['ids']).all(axis=1).sum())}/{batch}"
                     print(
                         f"{name:>14} {batch:>5} {prompt_len:>6} {new:>4} {limit:>7} "
-                        f"{t_torch:>8.2f} {t['total']:>7.2f} {t_torch / t['total']:>9.2f} "
+                        f"{t_torch:>8.2f} {torch_t['prefill']:>15.2f} {t['total']:>7.2f} "
+                        f"{t_torch / t['total']:>9.2f} "
                         f"{t['prefill']:>13.2f} {flops / t['prefill'] / 1e9:>15.0f} "
                         f"{t['decode']:>12.2f} {1e3 * t['decode'] / new:>13.1f} "
                         f"{t['compile']:>13.1f} {peak_rss_gib():>12.2f} {same:>10}",

@@ -52,6 +52,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import operator
 from collections.abc import Hashable, Mapping, Sequence
 from typing import Any
 
@@ -446,6 +447,7 @@ class RolloutEngine:
         self.cache_dtype = config.cache_dtype or (jnp.float32 if on_cpu else compute_dtype)
         unstack = on_cpu if config.unstack_layers is None else config.unstack_layers
         self.unstack_layers = unstack and not isinstance(cfg, Qwen35Config)
+        self._last_decoding_copy: tuple[list, Any] = ([], None)
         self._unstack = jax.jit(functools.partial(_decoding_copy, dtype=compute_dtype))
         self.batch_shards = int(np.prod([mesh.shape[a] for a in BATCH_AXES]))
         kv_axis = "tensor" if cfg.num_kv_heads % mesh.shape["tensor"] == 0 else None
@@ -476,8 +478,16 @@ class RolloutEngine:
         the engine unstacks them (`EngineConfig.unstack_layers`), else params themselves."""
         if not self.unstack_layers or "layers" not in params:
             return params
+        leaves = jax.tree.leaves(params)
+        # The last copy is reused while the same arrays come back (an evaluation's chunks, a
+        # step's rollout chunks); holding those arrays keeps their identities from being reused.
+        last_leaves, last_copy = self._last_decoding_copy
+        if len(leaves) == len(last_leaves) and all(map(operator.is_, leaves, last_leaves)):
+            return last_copy
         with jax.set_mesh(self.mesh):
-            return self._unstack(params)
+            copy = self._unstack(params)
+        self._last_decoding_copy = (leaves, copy)
+        return copy
 
     def start(
         self,
