@@ -75,18 +75,18 @@ def _suite(c: ml_collections.ConfigDict) -> None:
     c.rollout.context_limit = 2048
     c.rollout.max_new_tokens = 96
     c.train.eval_max_new_tokens = 96
-    c.sft.steps = 40
+    c.sft.steps = 32
     c.sft.categories = ("base", "long_context")
     c.train.batch_tasks = 4
     c.rl.group_size = 4
     c.train.mini_batch_tasks = 2
     c.train.epochs = 1
-    c.train.max_steps = 12
-    c.train.eval_every = 6
-    c.train.eval_limit = 40
-    c.train.eval_batch_tasks = 40
+    c.train.max_steps = 8
+    c.train.eval_every = 4
+    c.train.eval_limit = 24
+    c.train.eval_batch_tasks = 24
     c.optim.lr = 1e-5
-    c.optim.total_steps = 24
+    c.optim.total_steps = 16
     # The plain interface, as configs/tiny.py trains (the released preset's static cues made the
     # training prompt differ from the evaluation one); configs/smollm2.py:closed_loop keeps
     # every component adaptive.
