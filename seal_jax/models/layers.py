@@ -310,10 +310,17 @@ def cached_visibility(cache_mask: jax.Array, index: jax.Array, mask: jax.Array) 
 
 
 def live_attention(
-    q: jax.Array, k: jax.Array, v: jax.Array, key_mask: jax.Array, query_slot: jax.Array
+    q: jax.Array,
+    k: jax.Array,
+    v: jax.Array,
+    key_mask: jax.Array,
+    query_slot: jax.Array,
+    layer: jax.Array | int,
 ) -> jax.Array:
-    """Grouped-query attention of q [B,T,H,D] to the slots s of k/v [B,KVH,S,D] (heads first)
-    with key_mask[b, s] and s <= query_slot[b, t]; returns [B,T,H,D].
+    """Grouped-query attention of q [B,T,H,D] to the slots s of layer `layer` of the caches
+    k/v [L,B,KVH,S,D] (heads first) with key_mask[b, s] and s <= query_slot[b, t]; returns
+    [B,T,H,D]. Blocks are read from the stacked caches directly: a layer's slice taken first
+    was a copy of it in the TPU decode loop's temporaries.
 
     Online softmax over blocks of KEY_BLOCK slots in a loop that stops after the block holding
     the largest query slot: a call costs the live length of its longest row, whatever S is (a
@@ -321,12 +328,12 @@ def live_attention(
     batched matrix product over (row, key head) with the query heads and tokens as its rows.
     On CPU, see CPU_WHOLE_CACHE_SHARE.
     """
-    t, slots = q.shape[1], k.shape[2]
+    t, slots = q.shape[1], k.shape[-2]
     block = min(KEY_BLOCK, slots)
     blocks = jnp.max(query_slot) // block + 1
     looped = functools.partial(_online_softmax, block=block)
     if t > 1 or block == slots:
-        return looped(q, k, v, key_mask, query_slot, blocks)
+        return looped(q, k, v, key_mask, query_slot, layer, blocks)
     whole = functools.partial(_online_softmax, block=slots)
 
     def cpu(*args: jax.Array) -> jax.Array:
@@ -334,7 +341,7 @@ def live_attention(
         return jax.lax.cond(few, looped, lambda *a: whole(*a[:-1], 1), *args)
 
     return jax.lax.platform_dependent(
-        q, k, v, key_mask, query_slot, blocks, cpu=cpu, default=looped
+        q, k, v, key_mask, query_slot, layer, blocks, cpu=cpu, default=looped
     )
 
 
@@ -344,13 +351,14 @@ def _online_softmax(
     v: jax.Array,
     key_mask: jax.Array,
     query_slot: jax.Array,
+    layer: jax.Array | int,
     blocks: jax.Array,
     *,
     block: int,
 ) -> jax.Array:
     """`live_attention` over the first `blocks` blocks of `block` slots."""
     b, t, h, d = q.shape
-    kvh, slots = k.shape[1], k.shape[2]
+    kvh, slots = k.shape[2], k.shape[3]
     g = h // kvh
     q = q.reshape(b, t, kvh, g, d).transpose(0, 2, 3, 1, 4).reshape(b, kvh, g * t, d)
     lowest = jnp.finfo(jnp.float32).min
@@ -360,7 +368,8 @@ def _online_softmax(
         # The last block may start early to stay inside the cache; slots before j * block were
         # counted by the previous block, so they are masked here.
         start = jnp.minimum(j * block, slots - block)
-        k_j, v_j = (jax.lax.dynamic_slice_in_dim(x, start, block, axis=2) for x in (k, v))
+        at, size = (layer, 0, 0, start, 0), (1, b, kvh, block, d)
+        k_j, v_j = (jax.lax.dynamic_slice(x, at, size)[0] for x in (k, v))
         slot = start + jnp.arange(block)
         seen = jax.lax.dynamic_slice_in_dim(key_mask, start, block, axis=1) & (slot >= j * block)
         visible = seen[:, None, :] & (slot <= query_slot[..., None])  # [B, T, block]
@@ -398,8 +407,7 @@ def cached_attention(
     cache = tuple(write_layer_cache(c, n, layer, ctx["index"]) for c, n in zip(cache, (k, v)))
     # Read after the write, from the carried buffers: XLA's CPU compiler copied the whole cache
     # to read it before an in-place write.
-    keys, values = (jax.lax.dynamic_index_in_dim(c, layer, keepdims=False) for c in cache)
-    out = live_attention(q, keys, values, ctx["cached_mask"], ctx["query_slot"])
+    out = live_attention(q, *cache, ctx["cached_mask"], ctx["query_slot"], layer)
     return out, cache
 
 
