@@ -330,19 +330,17 @@ def live_attention(
     """
     t, slots = q.shape[1], k.shape[-2]
     block = min(KEY_BLOCK, slots)
-    blocks = jnp.max(query_slot) // block + 1
     looped = functools.partial(_online_softmax, block=block)
     if t > 1 or block == slots:
-        return looped(q, k, v, key_mask, query_slot, layer, blocks)
+        return looped(q, k, v, key_mask, query_slot, layer)
     whole = functools.partial(_online_softmax, block=slots)
 
     def cpu(*args: jax.Array) -> jax.Array:
-        few = blocks * block * CPU_WHOLE_CACHE_SHARE <= slots
-        return jax.lax.cond(few, looped, lambda *a: whole(*a[:-1], 1), *args)
+        live_slots = (jnp.max(query_slot) // block + 1) * block
+        return jax.lax.cond(live_slots * CPU_WHOLE_CACHE_SHARE <= slots, looped, whole, *args)
 
-    return jax.lax.platform_dependent(
-        q, k, v, key_mask, query_slot, layer, blocks, cpu=cpu, default=looped
-    )
+    args = (q, k, v, key_mask, query_slot, layer)
+    return jax.lax.platform_dependent(*args, cpu=cpu, default=looped)
 
 
 def _online_softmax(
@@ -352,11 +350,10 @@ def _online_softmax(
     key_mask: jax.Array,
     query_slot: jax.Array,
     layer: jax.Array | int,
-    blocks: jax.Array,
     *,
     block: int,
 ) -> jax.Array:
-    """`live_attention` over the first `blocks` blocks of `block` slots."""
+    """`live_attention` in blocks of `block` slots, up to the one holding the furthest query."""
     b, t, h, d = q.shape
     kvh, slots = k.shape[2], k.shape[3]
     g = h // kvh
@@ -390,6 +387,7 @@ def _online_softmax(
         jnp.zeros((b, kvh, g, t), jnp.float32),
         jnp.zeros((b, kvh, g * t, d), jnp.float32),
     )
+    blocks = jnp.max(query_slot) // block + 1
     _, total, acc = jax.lax.fori_loop(0, blocks, step, init)
     out = acc / total.reshape(b, kvh, g * t, 1)
     out = out.reshape(b, kvh, g, t, d).transpose(0, 3, 1, 2, 4)
