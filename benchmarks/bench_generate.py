@@ -6,9 +6,10 @@ one untimed warm-up run each (two new tokens for torch, which compiles nothing).
 table: B rows of P-token prompts, N new tokens, the engine's context limit (default P + N + 1);
 the engine's time is split into its prefill and decode programs. "jax compile s" is the time JAX
 spent tracing, lowering and compiling during the engine's warm-up run, as JAX itself reports it
-(`jax.monitoring` events). The first line gives the machine's float32 matmul rate at a prefill's
-shape, the yardstick of "prefill GFLOP/s" (2 x tokens x non-embedding parameters / prefill
-time). "rows equal" counts the rows whose greedy tokens are the same in both engines.
+(`jax.monitoring` events). The first line gives the machine's float32 matmul rate at a prefill
+call's shape (a batch of prompt chunks), the yardstick of "prefill GFLOP/s" (2 x tokens x
+non-embedding parameters / prefill time). "rows equal" counts the rows whose greedy tokens are
+the same in both engines.
 
     python -m benchmarks.bench_generate                      # small + qwen2.5-0.5b, batch 1 and 16
     python -m benchmarks.bench_generate --models=small --batches=1,16,64 --new_tokens=128
