@@ -5,9 +5,14 @@ from __future__ import annotations
 
 import os
 
-import pytest
+from tests.devices import TEST_XLA_FLAGS
 
-from tests import hf_models
+# Before anything imports jax: XLA reads its flags once, when its first backend starts.
+os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {TEST_XLA_FLAGS}".strip()
+
+import pytest  # noqa: E402
+
+from tests import hf_models  # noqa: E402
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -19,7 +19,7 @@ from seal_jax.models import Qwen35Config, QwenConfig
 from seal_jax.models.checkpoint import param_shapes
 from seal_jax.models.config import architecture_from_dir
 from tests import hf_models
-from tests.devices import REPO
+from tests.devices import REPO, xla_flags
 
 ARGS = [
     "--config=configs/tiny.py",
@@ -32,7 +32,7 @@ ARGS = [
 
 def _compile(workdir, *extra):
     """Starts `run.py --mode=compile`; its stdout and stderr go to files beside workdir."""
-    env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=8"}
+    env = {**os.environ, "XLA_FLAGS": xla_flags(8)}
     env["JAX_PLATFORMS"] = "cpu"
     cmd = [sys.executable, "run.py", *ARGS, f"--workdir={workdir}", *extra]
     with open(f"{workdir}.out", "w") as out, open(f"{workdir}.err", "w") as err:

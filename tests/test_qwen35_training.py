@@ -17,7 +17,7 @@ import pytest
 from seal_jax.metrics import read_jsonl
 from seal_jax.models import load_hf_checkpoint, token_logprobs
 from tests import hf_models
-from tests.devices import REPO, in_background, selected
+from tests.devices import REPO, in_background, selected, xla_flags
 from tests.test_trainer import SUITE_ARGS, _assert_export_is_checkpoint
 
 # Two groups of three rows; the prompts (less their last id, which starts every row) are 8 and 4
@@ -176,13 +176,9 @@ def suite_qwen35(tmp_path_factory):
 
 
 def _run_py(model, workdir, *extra):
-    """run.py with RUN_ARGS on one CPU device (XLA's CPU backend without its LLVM
-    optimisations: half the compile time, and these tiny programs run as fast); returns stderr."""
+    """run.py with RUN_ARGS on one CPU device; returns stderr."""
     env = dict(os.environ)  # with the session's compilation cache (conftest)
-    env["XLA_FLAGS"] = (
-        "--xla_force_host_platform_device_count=1 --xla_backend_optimization_level=0 "
-        "--xla_llvm_disable_expensive_passes=true"
-    )
+    env["XLA_FLAGS"] = xla_flags(1)
     env["JAX_PLATFORMS"] = "cpu"
     cmd = [sys.executable, "run.py", *RUN_ARGS, f"--config.model.path={model}"]
     cmd += [f"--workdir={workdir}", *extra]

@@ -22,7 +22,7 @@ import pytest
 from seal_jax.metrics import read_jsonl
 from seal_jax.models import load_hf_checkpoint
 from tests import hf_models
-from tests.devices import REPO, in_background, selected
+from tests.devices import REPO, in_background, selected, xla_flags
 
 SUITE_ARGS = [
     "--config=configs/tiny_test.py",
@@ -56,7 +56,7 @@ def _command(model, workdir, *extra):
 
 def _env(devices=1):
     env = dict(os.environ)  # with the session's compilation cache (conftest)
-    env["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={devices}"
+    env["XLA_FLAGS"] = xla_flags(devices)
     env["JAX_PLATFORMS"] = "cpu"
     return env
 
