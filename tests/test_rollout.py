@@ -98,12 +98,21 @@ def multi_turn(eng, params, vocab, seed=0):
     return rollout, log
 
 
-def test_logprobs_match_teacher_forced_forward_pass(tiny_checkpoints):
+SAMPLED = SamplingParams("sample", temperature=0.8, top_k=40, top_p=0.9)
+
+
+@pytest.fixture(scope="module")
+def sampled_multi_turn(tiny_checkpoints):
+    """(engine, params, rollout, log) of `multi_turn` on qwen2_untied with SAMPLED: checked
+    against teacher forcing, and the unfloored reference of the floors test."""
     path, torch_model = tiny_checkpoints["qwen2_untied"]
-    sampling = SamplingParams("sample", temperature=0.8, top_k=40, top_p=0.9)
-    eng, params = engine(path, sampling=sampling)
-    vocab = torch_model.config.vocab_size
-    rollout, log = multi_turn(eng, params, vocab)
+    eng, params = engine(path, sampling=SAMPLED)
+    return (eng, params, *multi_turn(eng, params, torch_model.config.vocab_size))
+
+
+def test_logprobs_match_teacher_forced_forward_pass(tiny_checkpoints, sampled_multi_turn):
+    path, _ = tiny_checkpoints["qwen2_untied"]
+    _, _, rollout, log = sampled_multi_turn
     sequences = rollout.sequences()
     # Teacher forcing: one batched forward pass over the final sequences (right-padded).
     width = max(len(seq.token_ids) for seq in sequences)
@@ -126,7 +135,7 @@ def test_logprobs_match_teacher_forced_forward_pass(tiny_checkpoints):
         row_logits = logits[r, : n - 1]  # row_logits[t] predicts token t + 1
         target = seq.token_ids[1:]
         policy = jax.nn.log_softmax(row_logits)[np.arange(n - 1), target]
-        used = jax.nn.log_softmax(filtered_logits(row_logits, sampling))[np.arange(n - 1), target]
+        used = jax.nn.log_softmax(filtered_logits(row_logits, SAMPLED))[np.arange(n - 1), target]
         on = seq.loss_mask[1:]
         assert on.sum() >= 10
         np.testing.assert_allclose(seq.policy_logprobs[1:][on], np.asarray(policy)[on], atol=1e-4)
@@ -317,15 +326,13 @@ def test_cache_shrinks_when_the_long_row_ends_first(tiny_checkpoints):
         np.testing.assert_allclose(seq.policy_logprobs[1:][on], np.asarray(policy)[on], atol=1e-4)
 
 
-def test_batch_and_width_floors_change_only_the_padding(tiny_checkpoints):
+def test_batch_and_width_floors_change_only_the_padding(tiny_checkpoints, sampled_multi_turn):
     """Floors on the batch bucket and the prefill width pad small batches and short pieces
     (fewer compiled programs): the same rows must come out as from the unfloored engine."""
     path, torch_model = tiny_checkpoints["qwen2_untied"]
-    vocab = torch_model.config.vocab_size
-    sampling = SamplingParams("sample", temperature=0.8)
-    plain, params = engine(path, sampling=sampling)
-    floored, _ = engine(path, sampling=sampling, min_batch=8, min_prefill_width=4)
-    (ref, _), (got, _) = multi_turn(plain, params, vocab), multi_turn(floored, params, vocab)
+    plain, params, ref, _ = sampled_multi_turn
+    floored, _ = engine(path, sampling=SAMPLED, min_batch=8, min_prefill_width=4)
+    got, _ = multi_turn(floored, params, torch_model.config.vocab_size)
     for a, b in zip(ref.sequences(), got.sequences(), strict=True):
         assert b.token_ids.tolist() == a.token_ids.tolist()
         assert b.loss_mask.tolist() == a.loss_mask.tolist()
