@@ -21,15 +21,18 @@ import pytest
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 # Every program the tests compile (in pytest and in the processes it starts) skips LLVM's
-# optimisations: the same HLO passes, fusions and buffer assignment as a user's run, about 30%
-# less CPU for the suite (compiling is over half of it); measured, even the real-model tests run
-# no slower.
+# optimisations: the same HLO passes, fusions and buffer assignment as a user's run, and less CPU
+# for the suite, over half of which is compiling (BUILD.md gives the measured figures).
 TEST_XLA_FLAGS = "--xla_backend_optimization_level=0 --xla_llvm_disable_expensive_passes=true"
 
 
-def xla_flags(num_devices: int = 1) -> str:
-    """XLA_FLAGS for a test process with `num_devices` simulated CPU devices."""
-    return f"--xla_force_host_platform_device_count={num_devices} {TEST_XLA_FLAGS}"
+def cpu_env(num_devices: int = 1) -> dict[str, str]:
+    """This process's environment for a child on `num_devices` simulated CPU devices, compiling
+    with TEST_XLA_FLAGS (and the session's compilation cache, tests/conftest.py)."""
+    env = dict(os.environ)
+    env["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={num_devices} {TEST_XLA_FLAGS}"
+    env["JAX_PLATFORMS"] = "cpu"
+    return env
 
 
 _BACKGROUND = concurrent.futures.ThreadPoolExecutor(max_workers=1)
@@ -37,9 +40,7 @@ _BACKGROUND = concurrent.futures.ThreadPoolExecutor(max_workers=1)
 
 def run_with_devices(code: str, num_devices: int = 8, timeout: int = 600) -> str:
     """Executes `code` with `num_devices` CPU devices; returns stdout, fails loudly on error."""
-    env = dict(os.environ)
-    env["XLA_FLAGS"] = xla_flags(num_devices)
-    env["JAX_PLATFORMS"] = "cpu"
+    env = cpu_env(num_devices)
     env["PYTHONPATH"] = REPO + os.pathsep + env.get("PYTHONPATH", "")
     proc = subprocess.run(
         [sys.executable, "-c", code],

@@ -18,8 +18,8 @@ import pytest
 
 from seal_jax import preemption
 from seal_jax.metrics import read_jsonl
-from tests.devices import REPO
-from tests.test_trainer import SUITE_ARGS, _assert_same_state, _checkpoint, _env
+from tests.devices import REPO, cpu_env
+from tests.test_trainer import SUITE_ARGS, _assert_same_state, _checkpoint
 
 
 def _cmd(model, workdir, faults=None, *extra):
@@ -30,7 +30,7 @@ def _cmd(model, workdir, faults=None, *extra):
 
 def _run(cmd, code=0):
     """Runs a command; asserts its exit code; returns its stderr."""
-    proc = subprocess.run(cmd, cwd=REPO, env=_env(), capture_output=True, text=True, timeout=600)
+    proc = subprocess.run(cmd, cwd=REPO, env=cpu_env(), capture_output=True, text=True, timeout=600)
     assert proc.returncode == code, proc.stderr[-3000:]
     return proc.stderr
 

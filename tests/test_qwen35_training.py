@@ -5,7 +5,6 @@ random Qwen3.5 checkpoint with the suite's tokenizer."""
 import dataclasses
 import functools
 import json
-import os
 import subprocess
 import sys
 
@@ -17,7 +16,7 @@ import pytest
 from seal_jax.metrics import read_jsonl
 from seal_jax.models import load_hf_checkpoint, token_logprobs
 from tests import hf_models
-from tests.devices import REPO, in_background, selected, xla_flags
+from tests.devices import REPO, cpu_env, in_background, selected
 from tests.test_trainer import SUITE_ARGS, _assert_export_is_checkpoint
 
 # Two groups of three rows; the prompts (less their last id, which starts every row) are 8 and 4
@@ -177,12 +176,11 @@ def suite_qwen35(tmp_path_factory):
 
 def _run_py(model, workdir, *extra):
     """run.py with RUN_ARGS on one CPU device; returns stderr."""
-    env = dict(os.environ)  # with the session's compilation cache (conftest)
-    env["XLA_FLAGS"] = xla_flags(1)
-    env["JAX_PLATFORMS"] = "cpu"
     cmd = [sys.executable, "run.py", *RUN_ARGS, f"--config.model.path={model}"]
     cmd += [f"--workdir={workdir}", *extra]
-    proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=900)
+    proc = subprocess.run(
+        cmd, cwd=REPO, env=cpu_env(1), capture_output=True, text=True, timeout=900
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     return proc.stderr
 

@@ -22,7 +22,7 @@ import pytest
 from seal_jax.metrics import read_jsonl
 from seal_jax.models import load_hf_checkpoint
 from tests import hf_models
-from tests.devices import REPO, in_background, selected, xla_flags
+from tests.devices import REPO, cpu_env, in_background, selected
 
 SUITE_ARGS = [
     "--config=configs/tiny_test.py",
@@ -52,13 +52,6 @@ def _command(model, workdir, *extra):
         f"--workdir={workdir}",
         *extra,
     ]
-
-
-def _env(devices=1):
-    env = dict(os.environ)  # with the session's compilation cache (conftest)
-    env["XLA_FLAGS"] = xla_flags(devices)
-    env["JAX_PLATFORMS"] = "cpu"
-    return env
 
 
 def _run(cmd, env, timeout=600):
@@ -145,7 +138,7 @@ def background(request, suite_model, tmp_path_factory):
 def two_steps(suite_model, tmp_path_factory):
     """The work directory of an uninterrupted 2-step run: the tests below read it or copy it."""
     workdir = tmp_path_factory.mktemp("two_steps") / "wd"
-    _run(_command(suite_model, workdir, "--config.train.max_steps=2"), _env())
+    _run(_command(suite_model, workdir, "--config.train.max_steps=2"), cpu_env())
     return workdir
 
 
@@ -159,7 +152,7 @@ def test_resume_after_sigkill_reproduces_the_uninterrupted_run(suite_model, two_
     assert {"rollout", "weights", "utilities", "interface", "loss", "time"} <= metrics[-1].keys()
     assert os.path.isdir(two_steps / "tensorboard")
 
-    env, resumed = _env(), tmp_path / "resumed"
+    env, resumed = cpu_env(), tmp_path / "resumed"
     cmd = _command(suite_model, resumed, "--config.train.max_steps=2")
     _kill_after_checkpoint(cmd, env, resumed, step=1)
     log = _run(cmd, env)  # the same command again resumes
@@ -188,7 +181,7 @@ def _assert_export_is_checkpoint(workdir, step):
 
 
 def test_eval_and_export_modes(suite_model, two_steps, tmp_path):
-    env = _env()
+    env = cpu_env()
     limit = ["--config.train.eval_limit=8", "--config.train.eval_batch_tasks=8"]
     fresh = tmp_path / "fresh"
     _run(_command(suite_model, fresh, "--mode=eval", *limit), env)
@@ -219,7 +212,7 @@ def test_sampler_old_logprobs_skip_the_recompute(suite_model, two_steps, tmp_pat
     checked against the logged gap)."""
     sampler = tmp_path / "sampler"
     args = ["--config.train.max_steps=1", "--config.rl.old_logprobs=sampler"]
-    _run(_command(suite_model, sampler, *args), _env())
+    _run(_command(suite_model, sampler, *args), cpu_env())
     step = {"recompute": _metrics(two_steps)[0], "sampler": _metrics(sampler)[-1]}
     assert step["recompute"]["logprob_gap_sampler_vs_recomputed"] < 1e-4
     assert "logprob_gap_sampler_vs_recomputed" not in step["sampler"]
@@ -238,7 +231,7 @@ def _error_line(cmd, env):
 
 
 def test_bad_work_directories_fail_with_one_clear_line(suite_model, two_steps, tmp_path):
-    env = _env()
+    env = cpu_env()
     a_file = tmp_path / "file"
     a_file.write_text("x")
     assert "Not a directory" in _error_line(_command(suite_model, a_file / "wd"), env)
@@ -295,7 +288,7 @@ def _bfcl_runs(model, base):
     stood after step 1 (its checkpoint 1 and what else was there; keep_checkpoints=3 keeps it),
     trained to step 2. The copy is taken and resumed as soon as checkpoint 1 is complete (saves
     are atomic renames), while the first run goes on. Returns (straight, copy, copy's log)."""
-    env = _env()
+    env = cpu_env()
 
     def cmd(workdir, steps):
         return [
@@ -350,10 +343,10 @@ def _eight_device_runs(model, base):
         "--config.rollout.micro_batch_tasks=2",  # the step's rollouts in two engine batches
     ]
     one, eight = base / "one", base / "eight"
-    _run(_command(model, one, *args, "--config.train.share_prompt=False"), _env())
+    _run(_command(model, one, *args, "--config.train.share_prompt=False"), cpu_env())
     log = _run(
         _command(model, eight, *args, "--config.mesh.data=4", "--config.mesh.tensor=2"),
-        _env(devices=8),
+        cpu_env(8),
     )
     return one, eight, log
 
@@ -394,7 +387,7 @@ def _two_processes(model, workdir, faults=None, steps=2):
             subprocess.Popen(
                 cmd,
                 cwd=REPO,
-                env=_env(),
+                env=cpu_env(),
                 text=True,
                 stdout=subprocess.DEVNULL,
                 stderr=subprocess.PIPE,
