@@ -10,6 +10,7 @@ import json
 import os
 import shutil
 import signal
+import struct
 import subprocess
 import sys
 import time
@@ -19,7 +20,7 @@ import numpy as np
 import orbax.checkpoint as ocp
 import pytest
 
-from seal_jax.metrics import read_jsonl
+from seal_jax.metrics import flatten_scalars, read_jsonl
 from seal_jax.models import load_hf_checkpoint
 from tests import hf_models
 from tests.devices import REPO, cpu_env, in_background, selected
@@ -146,11 +147,36 @@ def _metrics(workdir):
     return read_jsonl(str(workdir / "metrics.jsonl"))
 
 
+def _tensorboard_scalars(workdir):
+    """{tag: {step: value}} of the work directory's TensorBoard event files (TFRecord framing:
+    length, its CRC, an Event proto, its CRC; tensorboardX's protos decode them)."""
+    from tensorboardX.proto.event_pb2 import Event
+
+    scalars = {}
+    for name in os.listdir(workdir / "tensorboard"):
+        data = (workdir / "tensorboard" / name).read_bytes()
+        while data:
+            (length,) = struct.unpack("<Q", data[:8])
+            event = Event.FromString(data[12 : 12 + length])
+            data = data[16 + length :]
+            for value in event.summary.value:
+                scalars.setdefault(value.tag, {})[event.step] = value.simple_value
+    return scalars
+
+
 def test_resume_after_sigkill_reproduces_the_uninterrupted_run(suite_model, two_steps, tmp_path):
     metrics = _metrics(two_steps)
     assert [m["step"] for m in metrics] == [1, 2]
     assert {"rollout", "weights", "utilities", "interface", "loss", "time"} <= metrics[-1].keys()
-    assert os.path.isdir(two_steps / "tensorboard")
+    # TensorBoard holds every numeric metric of each step (its float32 rounding of it).
+    logged = [(r["step"], flatten_scalars(r)) for r in metrics]
+    for _, record in logged:
+        del record["step"], record["wall_time"]
+    scalars = _tensorboard_scalars(two_steps)
+    assert scalars.keys() == {tag for _, record in logged for tag in record}
+    for step, record in logged:
+        for tag, value in record.items():
+            assert scalars[tag][step] == pytest.approx(value, rel=1e-6, abs=1e-30), tag
 
     env, resumed = cpu_env(), tmp_path / "resumed"
     cmd = _command(suite_model, resumed, "--config.train.max_steps=2")
