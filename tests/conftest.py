@@ -18,10 +18,14 @@ from tests import hf_models  # noqa: E402
 @pytest.fixture(scope="session", autouse=True)
 def _compilation_cache(tmp_path_factory):
     """The run.py processes tests start share one compilation cache for the session, in its
-    temporary directory rather than the user's ~/.cache (kept if the caller set one)."""
+    temporary directory rather than the user's ~/.cache (kept if the caller set one). Under
+    pytest-xdist the workers share it too: both start run.py on the same configs."""
+    base = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        base = base.parent  # the session's directory, above each worker's own
     with pytest.MonkeyPatch.context() as env:
         if "JAX_COMPILATION_CACHE_DIR" not in os.environ:
-            env.setenv("JAX_COMPILATION_CACHE_DIR", str(tmp_path_factory.mktemp("xla")))
+            env.setenv("JAX_COMPILATION_CACHE_DIR", str(base / "xla"))
             env.setenv("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
         yield
 
