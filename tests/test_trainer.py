@@ -169,9 +169,10 @@ def test_resume_after_sigkill_reproduces_the_uninterrupted_run(suite_model, two_
     assert [m["step"] for m in metrics] == [1, 2]
     assert {"rollout", "weights", "utilities", "interface", "loss", "time"} <= metrics[-1].keys()
     # TensorBoard holds every numeric metric of each step (its float32 rounding of it).
-    logged = [(r["step"], flatten_scalars(r)) for r in metrics]
-    for _, record in logged:
-        del record["step"], record["wall_time"]
+    logged = [
+        (r["step"], {k: v for k, v in flatten_scalars(r).items() if k not in ("step", "wall_time")})
+        for r in metrics
+    ]
     scalars = _tensorboard_scalars(two_steps)
     assert scalars.keys() == {tag for _, record in logged for tag in record}
     for step, record in logged:
