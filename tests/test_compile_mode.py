@@ -19,7 +19,7 @@ from seal_jax.models import Qwen35Config, QwenConfig
 from seal_jax.models.checkpoint import param_shapes
 from seal_jax.models.config import architecture_from_dir
 from tests import hf_models
-from tests.devices import REPO, cpu_env
+from tests.devices import REPO, TEST_XLA_FLAGS, cpu_env
 
 ARGS = [
     "--config=configs/tiny.py",
@@ -32,7 +32,7 @@ ARGS = [
 
 def _compile(workdir, *extra):
     """Starts `run.py --mode=compile`; its stdout and stderr go to files beside workdir."""
-    env = cpu_env(8)
+    env = cpu_env(8, TEST_XLA_FLAGS)
     cmd = [sys.executable, "run.py", *ARGS, f"--workdir={workdir}", *extra]
     with open(f"{workdir}.out", "w") as out, open(f"{workdir}.err", "w") as err:
         return subprocess.Popen(cmd, cwd=REPO, env=env, stdout=out, stderr=err, text=True)

@@ -18,6 +18,8 @@ import types
 
 import pytest
 
+from tests.devices import cpu_env
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 NOTEBOOK = os.path.join(ROOT, "notebooks", "seal_colab.ipynb")
 REDUCED_BUDGET = " ".join(
@@ -100,9 +102,10 @@ def test_notebook_runs_with_a_reduced_budget(tmp_path, monkeypatch):
     namespace.update(BUDGET=REDUCED_BUDGET, WORKDIR=workdir, PYTHON=sys.executable)
     commands = shell_lines(source(cell_tagged(nb, "run")), namespace)
     assert len(commands) == 1 and "run.py --config=configs/tiny.py" in commands[0]
+    env = cpu_env()
     for command in commands:
         done = subprocess.run(
-            command, shell=True, cwd=ROOT, capture_output=True, text=True, timeout=600
+            command, shell=True, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600
         )
         assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     for name in REPORT_FILES:

@@ -21,6 +21,7 @@ import pytest
 from configs import colab_tpu
 from seal_jax import config as config_lib
 from tests import hf_models
+from tests.devices import EXECUTION_BOUND_XLA_FLAGS, cpu_env
 from tests.test_notebook import ROOT, cell_tagged, shell_lines, source
 
 NOTEBOOK = os.path.join(ROOT, "notebooks", "seal_colab_tpu.ipynb")
@@ -139,8 +140,9 @@ def test_notebook_runs_on_cpu_with_a_tiny_model_and_a_reduced_budget(tmp_path, m
 
     commands = shell_lines(source(cell_tagged(nb, "run")), namespace)
     assert len(commands) == 1 and "run.py --config=configs/colab_tpu.py:0.5b-v5e-1" in commands[0]
+    env = cpu_env(xla_flags=EXECUTION_BOUND_XLA_FLAGS)  # Qwen's vocabulary
     done = subprocess.run(
-        commands[0], shell=True, cwd=ROOT, capture_output=True, text=True, timeout=600
+        commands[0], shell=True, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600
     )
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     with open(os.path.join(workdir, "report.md")) as f:

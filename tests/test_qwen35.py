@@ -34,7 +34,7 @@ from seal_jax.models.config import Qwen35Config
 from seal_jax.models.qwen35 import chunked_delta_rule, recurrent_delta_rule
 from seal_jax.rollout import MAX_NEW_TOKENS
 from tests import devices, hf_models
-from tests.devices import REPO, cpu_env
+from tests.devices import REPO, TEST_XLA_FLAGS, cpu_env
 from tests.test_rollout import engine, hf_greedy, prompts
 
 # Two prompts (each prefilled in one piece of 8) and six new tokens per turn.
@@ -499,7 +499,7 @@ def test_compile_mode_reports_every_program_of_qwen35(checkpoints, tmp_path):
         "--mode=compile",
     ]
     proc = subprocess.run(
-        cmd, cwd=REPO, env=cpu_env(8), capture_output=True, text=True, timeout=600
+        cmd, cwd=REPO, env=cpu_env(8, TEST_XLA_FLAGS), capture_output=True, text=True, timeout=600
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     report = json.loads((workdir / "compile.json").read_text())

@@ -74,12 +74,7 @@ def _batch(vocab, prompt_padding):
     return whole, prompt, rest
 
 
-# XLA's CPU backend without its LLVM optimisations: the programs compile in half the time and
-# these tiny ones run as fast (the numbers are the same within float32 rounding).
-FAST_COMPILE = {"xla_backend_optimization_level": 0, "xla_llvm_disable_expensive_passes": True}
-
-
-@functools.partial(jax.jit, static_argnames=("cfg", "dtype"), compiler_options=FAST_COMPILE)
+@functools.partial(jax.jit, static_argnames=("cfg", "dtype"))
 def _loss_and_grads(params, rows, prompt, weights, cfg, dtype):
     """token_logprobs of the rows (continuing `prompt` unless None) and the gradient of their
     loss-masked sum weighted per row."""

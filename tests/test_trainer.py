@@ -23,7 +23,7 @@ import pytest
 from seal_jax.metrics import flatten_scalars, read_jsonl
 from seal_jax.models import load_hf_checkpoint
 from tests import hf_models
-from tests.devices import REPO, cpu_env, in_background, selected
+from tests.devices import EXECUTION_BOUND_XLA_FLAGS, REPO, cpu_env, in_background, selected
 
 SUITE_ARGS = [
     "--config=configs/tiny_test.py",
@@ -315,7 +315,7 @@ def _bfcl_runs(model, base):
     stood after step 1 (its checkpoint 1 and what else was there; keep_checkpoints=3 keeps it),
     trained to step 2. The copy is taken and resumed as soon as checkpoint 1 is complete (saves
     are atomic renames), while the first run goes on. Returns (straight, copy, copy's log)."""
-    env = cpu_env()
+    env = cpu_env(xla_flags=EXECUTION_BOUND_XLA_FLAGS)  # Qwen's vocabulary
 
     def cmd(workdir, steps):
         return [
