@@ -15,7 +15,6 @@ from __future__ import annotations
 import concurrent.futures
 import dataclasses
 import json
-import os
 import re
 import shlex
 import subprocess
@@ -26,7 +25,7 @@ from typing import Any
 
 import pytest
 
-from tests.devices import REPO
+from tests.devices import REPO, cpu_env
 
 DOCS = (
     "README.md",
@@ -262,7 +261,8 @@ def test_every_doc_command_is_run_or_skipped_with_a_reason():
 def run_command(command: Command, tmp_path: Path) -> tuple[dict[str, Path], list[str], Any]:
     """Runs a command of the docs with its module's budget: (paths, args, finished process)."""
     budget = RUN[command.program]
-    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}  # as written: no PYTHONPATH
+    # As written (no PYTHONPATH), on one CPU device, compiling as the tests' run.py processes do.
+    env = {k: v for k, v in cpu_env().items() if k != "PYTHONPATH"}
     words = list(command.words)
     while re.fullmatch(r"\w+=\S*", words[0]):  # VAR=value prefixes
         name, _, value = words.pop(0).partition("=")
