@@ -8,13 +8,14 @@ import sys
 import pytest
 
 from configs.qwen import get_config as qwen_config
-from tests.devices import REPO
+from tests.devices import REPO, cpu_env
 
 
 def _run(*args, tmp_path):
     proc = subprocess.run(
         [sys.executable, "run.py", *args, f"--workdir={tmp_path}/wd"],
         cwd=REPO,
+        env=cpu_env(),
         capture_output=True,
         text=True,
         timeout=300,

@@ -14,7 +14,7 @@ from configs import qwen, toolace
 from configs.base import VARIANTS
 from seal_jax import config as config_lib
 from tests import hf_models
-from tests.devices import REPO
+from tests.devices import EXECUTION_BOUND_XLA_FLAGS, REPO, cpu_env
 
 
 def test_hyper_parameters_are_the_qwen_setting_in_the_llama3_format():
@@ -76,7 +76,8 @@ def test_eval_runs_end_to_end_on_cpu(tiny_llama, tmp_path):
         "--config.rollout.min_batch=2",
         "--config.rollout.min_prefill_width=64",
     ]
-    proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=600)
+    env = cpu_env(xla_flags=EXECUTION_BOUND_XLA_FLAGS)  # Llama 3's 128,256-token vocabulary
+    proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     with open(workdir / "eval_hf.json") as f:
         metrics = json.load(f)
