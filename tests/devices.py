@@ -28,15 +28,16 @@ TEST_XLA_FLAGS = (
     "--xla_backend_optimization_level=0 --xla_llvm_disable_expensive_passes=true "
     "--xla_cpu_emitter_verification_level=0"
 )
-# The run.py processes that train and evaluate (`cpu_env`'s default) also emit fusions with
-# XLA:CPU's classic emitters: a third less CPU for a tiny model's run, most of which is
-# compiling. What they check does not depend on how XLA:CPU emits a fusion (a resume bit for
-# bit, hosts that agree, clear errors, the files a run writes); properties of compiled programs
-# (memory, collectives, in-place updates) are checked with TEST_XLA_FLAGS.
+# The run.py processes that train and evaluate and the documented commands (`cpu_env`'s
+# default) also emit fusions with XLA:CPU's classic emitters: a third less CPU for a tiny
+# model's run, most of which is compiling. What they check does not depend on how XLA:CPU emits
+# a fusion (a resume bit for bit, hosts that agree, clear errors, the files a run writes);
+# properties of compiled programs (memory, collectives, in-place updates) are checked with
+# TEST_XLA_FLAGS.
 RUN_XLA_FLAGS = f"{TEST_XLA_FLAGS} --xla_cpu_use_fusion_emitters=false"
-# A run whose steps are dominated by executing its programs (a tiny model with Qwen's
-# 151,936-token vocabulary: log-softmaxes over thousands of positions) compiles as a user's
-# does: LLVM's optimisations save more than they cost there.
+# A run whose steps are dominated by executing its programs (a tiny model with Qwen's or
+# Llama 3's vocabulary, 151,936 or 128,256 tokens: log-softmaxes over thousands of positions)
+# compiles as a user's does: LLVM's optimisations save more than they cost there.
 EXECUTION_BOUND_XLA_FLAGS = ""
 
 
